@@ -1,0 +1,26 @@
+"""Packaging for tf_loss_scale."""
+
+import setuptools
+
+setuptools.setup(
+    name='tf_loss_scale',
+    version='0.1.0',
+    description=('Loss scaling for mixed precision training: the LossScale '
+                 'API, the tf.compat.v1 optimizer wrapper and Keras 3 '
+                 'LossScaleOptimizers on today\'s TensorFlow.'),
+    packages=setuptools.find_packages(include=['tf_loss_scale',
+                                               'tf_loss_scale.*']),
+    python_requires='>=3.9',
+    install_requires=[
+        'tensorflow>=2.16',
+        'absl-py',
+        'numpy',
+    ],
+    extras_require={
+        'test': ['pytest'],
+        'demo': ['scikit-learn', 'matplotlib'],
+    },
+    entry_points={
+        'console_scripts': ['tf-loss-scale=tf_loss_scale.__main__:main'],
+    },
+)

@@ -1,0 +1,22 @@
+"""Test setup shared by every test module.
+
+Splits the one physical CPU into two logical devices before TensorFlow
+initialises, so that MirroredStrategy runs two real replicas.
+"""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import pytest  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+_cpus = tf.config.list_physical_devices('CPU')
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+@pytest.fixture
+def mirrored_strategy():
+  """A MirroredStrategy over the two logical CPUs."""
+  return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])

@@ -1,0 +1,26 @@
+"""Loss scaling for mixed precision training on TensorFlow 2 and Keras 3.
+
+Public API:
+  LossScale, FixedLossScale, DynamicLossScale: the loss scale and its state.
+  get, serialize, deserialize: identifiers and configs to loss scales.
+  MixedPrecisionLossScaleOptimizer: the `tf.compat.v1` optimizer wrapper.
+Keras front ends live in `tf_loss_scale.keras`.
+"""
+
+from tf_loss_scale.loss_scale import DynamicLossScale
+from tf_loss_scale.loss_scale import FixedLossScale
+from tf_loss_scale.loss_scale import LossScale
+from tf_loss_scale.loss_scale import deserialize
+from tf_loss_scale.loss_scale import get
+from tf_loss_scale.loss_scale import serialize
+from tf_loss_scale.optimizer_v1 import MixedPrecisionLossScaleOptimizer
+
+__all__ = [
+    'DynamicLossScale',
+    'FixedLossScale',
+    'LossScale',
+    'MixedPrecisionLossScaleOptimizer',
+    'deserialize',
+    'get',
+    'serialize',
+]

@@ -1,0 +1,117 @@
+"""Pure tensor functions on losses and nested gradients.
+
+Nothing here holds state: these are the kernels every front end shares to
+scale a loss, unscale its gradients and decide whether they are all finite.
+A gradient may be a dense tensor, a `tf.IndexedSlices` (kept sparse) or `None`
+(kept as `None` and otherwise ignored).
+"""
+
+from typing import Any, Callable, List, Union
+
+import tensorflow as tf
+
+Loss = Union[tf.Tensor, Callable[[], tf.Tensor]]
+
+
+def scale_loss(loss: Loss, scale: tf.Tensor) -> Loss:
+  """Multiplies a loss by the loss scale.
+
+  Args:
+    loss: A floating point tensor, or a zero-argument callable returning one.
+    scale: The loss scale, a scalar tensor. It is cast to the loss's dtype, so
+      float16 and bfloat16 losses are scaled in their own precision.
+
+  Returns:
+    `loss * scale` in the loss's dtype; for a callable loss, a new
+    zero-argument callable that returns the scaled loss when called.
+  """
+  if callable(loss):
+    return lambda: _times(loss(), scale)
+  return _times(loss, scale)
+
+
+def unscale(grads: Any, scale: tf.Tensor) -> Any:
+  """Divides every gradient in a nested structure by the loss scale.
+
+  The division is done as one multiplication by `1 / scale` per gradient.
+  Gradients keep their dtype; `None` stays `None` and `tf.IndexedSlices` stay
+  sparse (only their values are rescaled).
+
+  Args:
+    grads: A gradient or a nested structure (list, tuple, dict) of gradients.
+    scale: The loss scale the gradients were computed with, a scalar tensor.
+
+  Returns:
+    A structure like `grads` holding the unscaled gradients.
+  """
+  reciprocal = 1.0 / tf.cast(scale, tf.float32)
+  by_dtype = {}
+
+  def reciprocal_in(dtype: tf.DType) -> tf.Tensor:
+    if dtype not in by_dtype:
+      by_dtype[dtype] = tf.cast(reciprocal, dtype)
+    return by_dtype[dtype]
+
+  def unscale_one(grad):
+    if grad is None:
+      return None
+    if isinstance(grad, tf.IndexedSlices):
+      values = grad.values * reciprocal_in(grad.values.dtype)
+      return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return grad * reciprocal_in(grad.dtype)
+
+  return tf.nest.map_structure(unscale_one, grads)
+
+
+def all_finite(grads: Any) -> tf.Tensor:
+  """Tells whether every value of every gradient is finite.
+
+  Most steps have finite gradients, so the common case is made cheap: each
+  gradient is summed (one read, no temporary the size of the gradient) and the
+  sums are added; a finite total proves every value finite. Only when the total
+  is not finite, because a value is inf/NaN or because large finite values
+  overflowed the sum, is every value tested exactly. The answer is therefore
+  always exact.
+
+  Args:
+    grads: A gradient or a nested structure of gradients; `None` entries are
+      ignored and `tf.IndexedSlices` are read through their values.
+
+  Returns:
+    A scalar bool tensor, True when there are no gradients at all.
+  """
+  values = dense_values(grads)
+  if not values:
+    return tf.constant(True)
+  total = tf.add_n([tf.cast(tf.reduce_sum(v), tf.float32) for v in values])
+  return tf.cond(
+      tf.math.is_finite(total),
+      lambda: tf.constant(True),
+      lambda: _every_value_finite(values))
+
+
+def dense_values(grads: Any) -> List[tf.Tensor]:
+  """Flattens a nested structure of gradients into their value tensors.
+
+  Args:
+    grads: A gradient or a nested structure of gradients.
+
+  Returns:
+    A list of tensors: dense gradients as they are, the `values` of
+    `tf.IndexedSlices`, and nothing for `None`.
+  """
+  return [
+      g.values if isinstance(g, tf.IndexedSlices) else g
+      for g in tf.nest.flatten(grads)
+      if g is not None
+  ]
+
+
+def _every_value_finite(values: List[tf.Tensor]) -> tf.Tensor:
+  return tf.reduce_all(
+      tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
+
+
+def _times(loss: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+  loss = tf.convert_to_tensor(loss)
+  return loss * tf.cast(scale, loss.dtype)

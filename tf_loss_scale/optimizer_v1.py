@@ -1,0 +1,165 @@
+"""`MixedPrecisionLossScaleOptimizer`: loss scaling for `tf.compat.v1` optimizers."""
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tf_loss_scale import distribute
+from tf_loss_scale import gradients
+from tf_loss_scale import loss_scale as loss_scale_lib
+
+_V1Optimizer = tf.compat.v1.train.Optimizer
+GradsAndVars = Sequence[Tuple[Any, tf.Variable]]
+
+
+class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
+  """Wraps a `tf.compat.v1.train.Optimizer` to train with a loss scale.
+
+  `compute_gradients` multiplies the loss by the loss scale before
+  differentiating and divides the gradients by it afterwards, so float16
+  intermediate gradients keep their small values. `apply_gradients` asks the
+  loss scale whether the step's gradients (on every replica) are finite: if
+  they are, the wrapped optimizer applies them; if not, nothing is applied (no
+  variable, no slot and no `global_step` changes) while the loss scale still
+  adjusts. A fixed loss scale never skips a step.
+
+  Usage in a TF1 graph:
+
+  ```python
+  opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+  opt = MixedPrecisionLossScaleOptimizer(opt, 'dynamic')
+  train_op = opt.minimize(loss, global_step=global_step)
+  ```
+
+  Checkpoints: the wrapped optimizer and the loss scale are tracked as
+  `base_optimizer` and `loss_scale`, and the loss scale's variables keep
+  TensorFlow's names, so checkpoints interchange with
+  `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer`.
+  """
+
+  def __init__(self, opt: _V1Optimizer, loss_scale: loss_scale_lib.Identifier):
+    """Wraps `opt`.
+
+    Args:
+      opt: The `tf.compat.v1.train.Optimizer` that applies the gradients.
+      loss_scale: A `LossScale`, a number (a fixed scale) or `'dynamic'`.
+
+    Raises:
+      ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer`, or if
+        `loss_scale` is None or not a loss scale identifier.
+    """
+    if not isinstance(opt, _V1Optimizer):
+      raise ValueError(
+          'opt must be a tf.compat.v1.train.Optimizer, but got an object of '
+          f'type {type(opt).__name__}. For Keras optimizers use '
+          'tf_loss_scale.keras.LossScaleOptimizer.')
+    if loss_scale is None:
+      raise ValueError(
+          "loss_scale cannot be None: pass 'dynamic', a number or a LossScale.")
+    super().__init__(use_locking=False, name=opt.get_name())
+    self._optimizer = opt
+    self._loss_scale = loss_scale_lib.get(loss_scale)
+    # Checkpoint dependency names shared with TensorFlow's own wrapper.
+    self._track_trackable(self._optimizer, 'base_optimizer')
+    self._track_trackable(self._loss_scale, 'loss_scale')
+
+  @property
+  def loss_scale(self) -> loss_scale_lib.LossScale:
+    """The `LossScale` this optimizer scales by (call it for its value)."""
+    return self._loss_scale
+
+  @property
+  def inner_optimizer(self) -> _V1Optimizer:
+    """The wrapped optimizer."""
+    return self._optimizer
+
+  def compute_gradients(self,
+                        loss: gradients.Loss,
+                        var_list: Optional[List[tf.Variable]] = None,
+                        gate_gradients: int = _V1Optimizer.GATE_OP,
+                        aggregation_method: Any = None,
+                        colocate_gradients_with_ops: bool = False,
+                        grad_loss: Optional[tf.Tensor] = None) -> List[Tuple[Any, tf.Variable]]:
+    """Computes the unscaled gradients of `loss`.
+
+    Args:
+      loss: The loss tensor, or (required eagerly) a zero-argument callable
+        returning it.
+      var_list: Variables to differentiate with respect to; by default the
+        graph's trainable variables.
+      gate_gradients: `GATE_NONE`, `GATE_OP` or `GATE_GRAPH`.
+      aggregation_method: How to combine gradient terms (`tf.AggregationMethod`).
+      colocate_gradients_with_ops: Whether to colocate gradients with their ops.
+      grad_loss: Optional gradient for `loss`.
+
+    Returns:
+      A list of `(gradient, variable)` pairs. Gradients are divided by the
+      loss scale; a gradient may be None and sparse gradients stay
+      `tf.IndexedSlices`.
+    """
+    scale = self._loss_scale()
+    grads_and_vars = self._optimizer.compute_gradients(
+        loss=gradients.scale_loss(loss, scale),
+        var_list=var_list,
+        gate_gradients=gate_gradients,
+        aggregation_method=aggregation_method,
+        colocate_gradients_with_ops=colocate_gradients_with_ops,
+        grad_loss=grad_loss)
+    grads = gradients.unscale([g for g, _ in grads_and_vars], scale)
+    return list(zip(grads, [v for _, v in grads_and_vars]))
+
+  def apply_gradients(self,
+                      grads_and_vars: GradsAndVars,
+                      global_step: Optional[tf.Variable] = None,
+                      name: Optional[str] = None) -> Optional[tf.Operation]:
+    """Applies the gradients if they are all finite on every replica.
+
+    Call it in a replica context (inside `strategy.run` or with no strategy).
+
+    Args:
+      grads_and_vars: `(gradient, variable)` pairs from `compute_gradients`.
+      global_step: Optional variable to increment by one when the step is
+        applied; a skipped step leaves it unchanged.
+      name: Optional name for the returned op.
+
+    Returns:
+      In graph mode, an op that updates the loss scale and applies the step
+      when it is finite. Eagerly the work is done and the result is None.
+
+    Raises:
+      ValueError: If called in a cross-replica context.
+    """
+    distribute.require_replica_context('apply_gradients()')
+    grads_and_vars = tuple(grads_and_vars)
+    if isinstance(self._loss_scale, loss_scale_lib.FixedLossScale):
+      return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+    return distribute.merge_to_cross_replica(self._apply_if_finite,
+                                             grads_and_vars, global_step, name)
+
+  def _apply_if_finite(self, strategy: tf.distribute.Strategy,
+                       grads_and_vars: GradsAndVars,
+                       global_step: Optional[tf.Variable],
+                       name: Optional[str]) -> Optional[tf.Operation]:
+    update_op, should_apply = self._loss_scale.update(
+        [g for g, _ in grads_and_vars])
+    name = name or self.get_name()
+
+    def apply_step():
+      return distribute.call_for_each_replica(
+          strategy, self._optimizer.apply_gradients, grads_and_vars,
+          global_step, name)
+
+    apply_op = tf.cond(should_apply, apply_step, tf.no_op)
+    return tf.group(apply_op, update_op, name=name)
+
+  def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:
+    """Returns the wrapped optimizer's slot `name` for `var`, or None."""
+    return self._optimizer.get_slot(var, name)
+
+  def get_slot_names(self) -> List[str]:
+    """Returns the names of the wrapped optimizer's slots."""
+    return self._optimizer.get_slot_names()
+
+  def variables(self) -> List[tf.Variable]:
+    """Returns the wrapped optimizer's variables followed by the loss scale's."""
+    return self._optimizer.variables() + list(self._loss_scale.variables)
