@@ -1,0 +1,128 @@
+"""Opt-in aliases that let TensorFlow 2.0-2.3 era code run unchanged.
+
+Importing this module changes nothing. `install()` puts this library's classes
+under the names legacy code uses; `uninstall()` puts everything back:
+
+```python
+import tf_loss_scale.compat
+tf_loss_scale.compat.install()
+# Legacy code now runs as written, e.g.
+# from tensorflow.keras.mixed_precision import experimental as mixed_precision
+# opt = mixed_precision.LossScaleOptimizer(opt, loss_scale='dynamic')
+```
+
+Names TensorFlow still defines (the `tf.compat.v1` loss scale classes) are left
+alone unless `install(override=True)`.
+"""
+
+import sys
+import types
+from typing import Any, Dict, List, Tuple
+
+import keras
+import tensorflow as tf
+
+import tf_loss_scale
+
+_MISSING = object()
+# What install() changed, in order: (namespace, attribute, previous value).
+_installed: List[Tuple[Any, str, Any]] = []
+# sys.modules entries install() added, with what they replaced.
+_installed_modules: Dict[str, Any] = {}
+
+_LOSS_SCALE_NAMES = ('LossScale', 'FixedLossScale', 'DynamicLossScale')
+
+
+def install(override: bool = False) -> None:
+  """Makes the legacy loss scaling names resolve to this library.
+
+  After this call:
+  - `tf.keras.mixed_precision.experimental` offers `LossScaleOptimizer` (this
+    library's `tf_loss_scale.keras.experimental.LossScaleOptimizer`) with
+    `Policy`, `set_policy` and `global_policy`;
+  - `tf.train.experimental` and `tf.mixed_precision.experimental` offer
+    `LossScale`, `FixedLossScale` and `DynamicLossScale`.
+  With `override=True`, the names TensorFlow still ships
+  (`tf.compat.v1.mixed_precision.*` and `tf.compat.v1.train.experimental.*`
+  loss scales and `MixedPrecisionLossScaleOptimizer`) are replaced too.
+  Calling it again does nothing more (it is idempotent); to change `override`,
+  call `uninstall()` first.
+
+  Args:
+    override: Whether to replace names TensorFlow itself still defines.
+  """
+  if _installed or _installed_modules:
+    return
+  from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
+
+  keras_experimental = _new_module(
+      'tensorflow.keras.mixed_precision.experimental',
+      LossScaleOptimizer=experimental.LossScaleOptimizer,
+      Policy=keras.mixed_precision.Policy,
+      set_policy=keras.mixed_precision.set_global_policy,
+      global_policy=keras.mixed_precision.global_policy)
+  _attach_module(keras.mixed_precision, 'experimental', keras_experimental)
+
+  loss_scales = {name: getattr(tf_loss_scale, name) for name in _LOSS_SCALE_NAMES}
+  for name, value in loss_scales.items():
+    _set_if_absent(tf.train.experimental, name, value)
+
+  _attach_module(tf, 'mixed_precision',
+                 _new_module('tensorflow.mixed_precision'))
+  _attach_module(tf.mixed_precision, 'experimental', _new_module(
+      'tensorflow.mixed_precision.experimental', **loss_scales))
+
+  if override:
+    v1_names = dict(loss_scales, MixedPrecisionLossScaleOptimizer=(
+        tf_loss_scale.MixedPrecisionLossScaleOptimizer))
+    for namespace in (tf.compat.v1.mixed_precision,
+                      tf.compat.v1.train.experimental):
+      for name, value in v1_names.items():
+        _replace(namespace, name, value)
+
+
+def uninstall() -> None:
+  """Undoes `install()`, restoring every name it changed; safe to repeat."""
+  while _installed:
+    namespace, name, previous = _installed.pop()
+    if previous is _MISSING:
+      delattr(namespace, name)
+    else:
+      setattr(namespace, name, previous)
+  for module_name, previous in _installed_modules.items():
+    if previous is _MISSING:
+      del sys.modules[module_name]
+    else:
+      sys.modules[module_name] = previous
+  _installed_modules.clear()
+
+
+def is_installed() -> bool:
+  """Returns whether `install()` is in effect."""
+  return bool(_installed or _installed_modules)
+
+
+def _new_module(name: str, **attributes: Any) -> types.ModuleType:
+  module = types.ModuleType(name, f'Legacy names installed by {__name__}.')
+  module.__dict__.update(attributes)
+  return module
+
+
+def _attach_module(namespace: Any, name: str, module: types.ModuleType) -> None:
+  # Both attribute access and `import a.b.c` / `from a.b import c` must work.
+  if hasattr(namespace, name):
+    return
+  _replace(namespace, name, module)
+  _installed_modules[module.__name__] = sys.modules.get(module.__name__,
+                                                        _MISSING)
+  sys.modules[module.__name__] = module
+
+
+def _set_if_absent(namespace: Any, name: str, value: Any) -> None:
+  if not hasattr(namespace, name):
+    _replace(namespace, name, value)
+
+
+def _replace(namespace: Any, name: str, value: Any) -> None:
+  _installed.append((namespace, name, getattr(namespace, name, _MISSING)))
+  setattr(namespace, name, value)
