@@ -12,7 +12,7 @@ setuptools.setup(
                                                'tf_loss_scale.*']),
     python_requires='>=3.9',
     install_requires=[
-        'tensorflow>=2.16',
+        'tensorflow>=2.21,<2.22',
         'absl-py',
         'numpy',
     ],
