@@ -236,6 +236,9 @@ class DynamicLossScale(LossScale):
     self.current_loss_scale = _state_variable('current_loss_scale', initial,
                                               tf.float32)
     self.good_steps = _state_variable('good_steps', 0, tf.int64)
+    # Held by a plain object so that it is neither a checkpoint dependency nor
+    # in `variables`: checkpoints keep TensorFlow's layout and interchange.
+    self._skip_counter = _SkipCounter()
 
   @property
   def initial_loss_scale(self) -> float:
@@ -251,6 +254,16 @@ class DynamicLossScale(LossScale):
   def multiplier(self) -> float:
     """The growth and shrink factor, a Python float."""
     return self._multiplier
+
+  @property
+  def skipped_steps(self) -> tf.Tensor:
+    """Steps skipped so far, counted by the state machine (int64 tensor).
+
+    The count is for monitoring only and is not saved in checkpoints, so it
+    starts at 0 in each process (in a TF1 graph, when the session initialises
+    local variables; it reads 0 before that).
+    """
+    return self._skip_counter.read()
 
   def __call__(self) -> tf.Tensor:
     return tf.convert_to_tensor(self.current_loss_scale)
@@ -288,7 +301,8 @@ class DynamicLossScale(LossScale):
         self._increment_period, self._multiplier)
     return _op_in_graph_mode(lambda: tf.group(
         self.current_loss_scale.assign(new_scale),
-        self.good_steps.assign(new_good_steps)))
+        self.good_steps.assign(new_good_steps),
+        self._skip_counter.add(tf.logical_not(grads_finite))))
 
   def __repr__(self) -> str:
     arguments = (f'initial_loss_scale={self._initial_loss_scale}, '
@@ -402,6 +416,43 @@ def _state_variable(name: str, initial_value: Any, dtype: tf.DType) -> tf.Variab
       trainable=False,
       synchronization=tf.VariableSynchronization.AUTO,
       aggregation=tf.VariableAggregation.NONE)
+
+
+class _SkipCounter:
+  """An int64 count of skipped steps that no checkpoint or Saver sees.
+
+  In a TF1 graph the variable is a local variable: a default `Saver()` saves
+  only global ones, and `MonitoredTrainingSession` initialises it. Sessions
+  that initialise only global variables still run: an uninitialised counter
+  is set rather than incremented, and reads as 0.
+  """
+
+  def __init__(self):
+    if tf.compat.v1.executing_eagerly_outside_functions():
+      self._variable = _state_variable('skipped_steps', 0, tf.int64)
+    else:
+      self._variable = tf.compat.v1.Variable(
+          0, name='skipped_steps', dtype=tf.int64, trainable=False,
+          collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+          use_resource=True, synchronization=tf.VariableSynchronization.AUTO,
+          aggregation=tf.VariableAggregation.NONE)
+
+  def add(self, skipped: tf.Tensor) -> Any:
+    increment = tf.cast(skipped, tf.int64)
+    if tf.compat.v1.executing_eagerly_outside_functions():
+      return self._variable.assign_add(increment)
+    return tf.cond(self._initialized(),
+                   lambda: self._variable.assign_add(increment),
+                   lambda: self._variable.assign(increment))
+
+  def read(self) -> tf.Tensor:
+    if tf.compat.v1.executing_eagerly_outside_functions():
+      return tf.identity(self._variable)
+    return tf.cond(self._initialized(), lambda: tf.identity(self._variable),
+                   lambda: tf.constant(0, tf.int64))
+
+  def _initialized(self) -> tf.Tensor:
+    return tf.compat.v1.is_variable_initialized(self._variable)
 
 
 def _real_number(name: str, value: Any) -> float:
