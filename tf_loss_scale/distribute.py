@@ -56,6 +56,29 @@ def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
       strategy.reduce(tf.distribute.ReduceOp.SUM, non_finite, axis=None), 0.0)
 
 
+def all_finite_in_any_context(grads: Any) -> tf.Tensor:
+  """Tells whether every gradient on every replica is finite, from anywhere.
+
+  In the cross-replica context this is `all_finite_on_every_replica`. In a
+  replica context (inside `strategy.run`) each replica tests its own
+  gradients and the verdicts are all-reduced, so every replica gets the same
+  answer without a merge_call.
+
+  Args:
+    grads: A nested structure of gradients (per-replica values only in the
+      cross-replica context).
+
+  Returns:
+    A scalar bool tensor, the same on every replica.
+  """
+  if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+    return all_finite_on_every_replica(grads)
+  non_finite = tf.cast(tf.logical_not(gradients.all_finite(grads)), tf.float32)
+  total = tf.distribute.get_replica_context().all_reduce(
+      tf.distribute.ReduceOp.SUM, non_finite)
+  return tf.equal(total, 0.0)
+
+
 def require_cross_replica_context(what: str) -> None:
   """Raises a helpful error unless the caller is in a cross-replica context.
 

@@ -1,0 +1,342 @@
+"""What both Keras loss scale optimizers share: wrapping, delegation, the step.
+
+`LossScaleOptimizerBase` wraps a Keras 3 optimizer (the "inner" optimizer)
+and holds a `tf_loss_scale.LossScale`. Each step it unscales the gradients,
+lets the loss scale decide (once, for every replica) whether they are all
+finite, advances the loss scale, and has the inner optimizer apply the
+gradients only when they are. The two public classes differ only in their
+constructors, their configs, whether the gradients they are given are
+scaled, and what a skipped step does to `iterations`.
+
+It subclasses `keras.optimizers.LossScaleOptimizer` for one reason: under a
+`mixed_float16` policy, `Model.compile` wraps every optimizer that is not an
+instance of that class in Keras's own loss scale optimizer, which would scale
+the loss a second time. Every method of that class is overridden here, so
+none of its computation runs.
+"""
+
+import threading
+import weakref
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
+import keras
+import tensorflow as tf
+
+from tf_loss_scale import distribute
+from tf_loss_scale import gradients
+from tf_loss_scale import loss_scale as loss_scale_lib
+
+# The inner optimizer of each live wrapper: one optimizer wrapped twice would
+# take two steps per step and keep two loss scales.
+_WRAPPER_OF_INNER = weakref.WeakKeyDictionary()
+
+# Attributes that stay on the wrapper even when the inner optimizer has an
+# attribute of the same name; everything else public is delegated.
+_OWN_ATTRIBUTES = frozenset(['name', 'built'])
+
+
+class _InnerAttribute:
+  """An attribute of the wrapper that is the inner optimizer's attribute."""
+
+  def __init__(self, doc: str):
+    self.__doc__ = doc
+
+  def __set_name__(self, owner: type, name: str) -> None:
+    self._name = name
+
+  def __get__(self, wrapper: Any, owner: type = None) -> Any:
+    if wrapper is None:
+      return self
+    return getattr(wrapper.inner_optimizer, self._name)
+
+  def __set__(self, wrapper: Any, value: Any) -> None:
+    # Keras's base __init__ sets placeholders for these on the wrapper before
+    # the inner optimizer exists; the wrapper keeps none of its own.
+    inner = wrapper.__dict__.get('inner_optimizer')
+    if inner is not None:
+      setattr(inner, self._name, value)
+
+
+class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
+  """Loss scaling around a Keras 3 optimizer (the shared implementation).
+
+  Subclasses implement `_grads_are_scaled()` and may override
+  `_on_skipped_step()`.
+  """
+
+  def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
+               loss_scale: loss_scale_lib.LossScale,
+               name: Optional[str] = None):
+    """Wraps `inner_optimizer`.
+
+    Args:
+      inner_optimizer: A Keras 3 optimizer, not itself a loss scale optimizer
+        and not wrapped by another live one.
+      loss_scale: The `LossScale` to drive.
+      name: The wrapper's name; by default one derived from its class.
+
+    Raises:
+      TypeError: If `inner_optimizer` is not a Keras 3 optimizer.
+      ValueError: If it is a loss scale optimizer, is already wrapped, or has
+        its own `loss_scale_factor`; or under an unsupported strategy.
+    """
+    _check_inner_optimizer(inner_optimizer)
+    distribute.check_strategy_supported(f'{type(self).__name__}()')
+    # Deliberately skips keras.optimizers.LossScaleOptimizer.__init__: only
+    # the generic optimizer state (name, own iterations) is wanted.
+    keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name)
+    self.inner_optimizer = inner_optimizer
+    self._loss_scale = loss_scale
+    self._scaled_loss_pending = threading.local()
+    _WRAPPER_OF_INNER[inner_optimizer] = weakref.ref(self)
+
+  # ---- delegation to the inner optimizer --------------------------------
+
+  def __getattr__(self, name: str) -> Any:
+    # Only reached when normal lookup fails: hyperparameters such as
+    # `beta_1` or `momentum` are read from the inner optimizer.
+    inner = self.__dict__.get('inner_optimizer')
+    if inner is None or name.startswith('_'):
+      raise AttributeError(
+          f'{type(self).__name__!r} object has no attribute {name!r}')
+    return getattr(inner, name)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    inner = self.__dict__.get('inner_optimizer')
+    if (inner is not None and not name.startswith('_') and
+        name not in _OWN_ATTRIBUTES and name not in self.__dict__ and
+        not hasattr(type(self), name) and hasattr(inner, name)):
+      setattr(inner, name, value)
+      return
+    super().__setattr__(name, value)
+
+  @property
+  def loss_scale(self) -> loss_scale_lib.LossScale:
+    """The `LossScale` this optimizer drives (call it for the value)."""
+    return self._loss_scale
+
+  learning_rate = _InnerAttribute(
+      "The inner optimizer's learning rate (settable, schedules too).")
+  clipnorm = _InnerAttribute(
+      "The inner optimizer's per-gradient norm clip (of unscaled gradients).")
+  clipvalue = _InnerAttribute(
+      "The inner optimizer's value clip (of unscaled gradients).")
+  global_clipnorm = _InnerAttribute(
+      "The inner optimizer's global norm clip (of unscaled gradients).")
+
+  @property
+  def lr(self) -> Any:
+    """Alias of `learning_rate`."""
+    return self.learning_rate
+
+  @lr.setter
+  def lr(self, value: Any) -> None:
+    self.learning_rate = value
+
+  @property
+  def iterations(self) -> Any:
+    """The inner optimizer's step counter."""
+    return self.inner_optimizer.iterations
+
+  @property
+  def variables(self) -> List[Any]:
+    """The loss scale's variables, then the inner optimizer's."""
+    return list(self._loss_scale.variables) + list(
+        self.inner_optimizer.variables)
+
+  def build(self, var_list: Sequence[Any]) -> None:
+    """Creates the inner optimizer's variables for `var_list`.
+
+    Args:
+      var_list: The trainable variables this optimizer will update.
+    """
+    if not self.inner_optimizer.built:
+      self.inner_optimizer.build(var_list)
+    keras.optimizers.Optimizer.build(self, var_list)
+
+  def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
+    """Lets the inner optimizer finalize `var_list` (for example its EMA)."""
+    self.inner_optimizer.finalize_variable_values(var_list)
+
+  # ---- loss and gradients ------------------------------------------------
+
+  def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    """Multiplies a loss by the current loss scale.
+
+    Args:
+      loss: A loss tensor (any float dtype: the scale is cast to it), or a
+        zero-argument callable returning one.
+
+    Returns:
+      The scaled loss, or for a callable a callable returning it.
+    """
+    return gradients.scale_loss(loss, self._loss_scale())
+
+  def get_unscaled_gradients(self, grads: Iterable[Any]) -> List[Any]:
+    """Divides gradients of a scaled loss by the current loss scale.
+
+    Args:
+      grads: A list of gradients; `None` entries and `tf.IndexedSlices`
+        are kept as they are (slices rescaled, still sparse).
+
+    Returns:
+      A new list of the same length, each gradient in its own dtype.
+    """
+    return list(gradients.unscale(list(grads), self._loss_scale()))
+
+  def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    """Scales a loss whose gradients are then passed, scaled, to `apply`.
+
+    This is the hook Keras 3's `Model.fit` calls before differentiating.
+
+    Args:
+      loss: A loss tensor or a zero-argument callable returning one.
+
+    Returns:
+      The scaled loss (or callable).
+    """
+    self._scaled_loss_pending.value = True
+    return self.get_scaled_loss(loss)
+
+  def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
+    """Tells whether every gradient is finite, on every replica.
+
+    Works in a replica or a cross-replica context, or with no strategy.
+
+    Args:
+      grads: A list of gradients (None entries are ignored).
+
+    Returns:
+      A scalar bool tensor, the same on every replica.
+    """
+    return distribute.all_finite_in_any_context(list(grads))
+
+  # ---- the step -----------------------------------------------------------
+
+  def apply(self, grads: Sequence[Any],
+            trainable_variables: Optional[Sequence[Any]] = None) -> None:
+    """Applies the gradients if they are all finite on every replica.
+
+    Call it in a replica context (inside `strategy.run`, or with no strategy).
+    A skipped step changes no model or optimizer variable; the loss scale is
+    updated either way.
+
+    Args:
+      grads: One gradient per variable (None allowed).
+      trainable_variables: The variables; optional once the optimizer is
+        built, required the first time.
+
+    Raises:
+      ValueError: In a cross-replica context, under an unsupported strategy,
+        or without variables before the optimizer is built.
+    """
+    distribute.check_strategy_supported(f'{type(self).__name__}.apply()')
+    distribute.require_replica_context(f'{type(self).__name__}.apply()')
+    grads = list(grads)
+    if trainable_variables is None:
+      if not self.built:
+        raise ValueError(
+            f'{type(self).__name__}.apply() needs trainable_variables the '
+            'first time it is called (or call build(variables) first).')
+      trainable_variables = self._trainable_variables
+    trainable_variables = list(trainable_variables)
+    if not self.built:
+      self.build(trainable_variables)
+    if len(grads) != len(trainable_variables):
+      raise ValueError(
+          f'apply() got {len(grads)} gradients for '
+          f'{len(trainable_variables)} variables.')
+    if self._grads_are_scaled():
+      grads = unscale_for_variables(grads, trainable_variables, self._loss_scale())
+    distribute.merge_to_cross_replica(self._apply_if_finite, grads,
+                                      trainable_variables)
+
+  def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]) -> Any:
+    """Applies `(gradient, variable)` pairs like `apply`.
+
+    Args:
+      grads_and_vars: An iterable of `(gradient, variable)` pairs.
+
+    Returns:
+      The `iterations` variable.
+    """
+    grads, trainable_variables = _unzip(grads_and_vars)
+    self.apply(grads, trainable_variables)
+    return self.iterations
+
+  def _apply_if_finite(self, strategy: tf.distribute.Strategy,
+                       grads: List[Any], trainable_variables: List[Any]) -> None:
+    # The update op needs no explicit dependency: eagerly it has run, and in
+    # a tf.function stateful ops run in program order.
+    _, should_apply = self._loss_scale.update(grads)
+
+    def apply_step():
+      strategy.extended.call_for_each_replica(
+          self.inner_optimizer.apply, args=(grads, trainable_variables))
+
+    if should_apply is True:
+      apply_step()
+    else:
+      # A cross-replica cond: the inner optimizer's apply may merge_call,
+      # which a cond inside a replica context cannot contain.
+      tf.cond(should_apply, apply_step, self._on_skipped_step)
+
+  def _grads_are_scaled(self) -> bool:
+    """Whether the gradients given to `apply` are still multiplied by the scale."""
+    raise NotImplementedError
+
+  def _on_skipped_step(self) -> None:
+    """Runs in the cross-replica context when a step is skipped."""
+    return None
+
+  def _take_scaled_loss_pending(self) -> bool:
+    """Returns and clears whether `scale_loss` ran on this thread.
+
+    Keras 3's `Model.fit` calls `scale_loss` and then `apply_gradients` on
+    the same thread (one thread per replica under MirroredStrategy), so this
+    tells `apply_gradients` whether the gradients it gets are scaled.
+    """
+    pending = getattr(self._scaled_loss_pending, 'value', False)
+    self._scaled_loss_pending.value = False
+    return pending
+
+
+def _check_inner_optimizer(inner_optimizer: Any) -> None:
+  if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+    raise ValueError(
+        'inner_optimizer is already a loss scale optimizer '
+        f'({type(inner_optimizer).__name__}); wrap the plain optimizer instead.')
+  if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+    raise TypeError(
+        'inner_optimizer must be a Keras 3 optimizer (keras.optimizers.*), '
+        f'but got {inner_optimizer!r} of type {type(inner_optimizer).__name__}.')
+  wrapper = _WRAPPER_OF_INNER.get(inner_optimizer)
+  if wrapper is not None and wrapper() is not None:
+    raise ValueError(
+        f'inner_optimizer {inner_optimizer.name!r} is already wrapped by '
+        f'{wrapper().name!r}: create a new optimizer for each wrapper.')
+  if inner_optimizer.loss_scale_factor is not None:
+    raise ValueError(
+        'inner_optimizer has loss_scale_factor='
+        f'{inner_optimizer.loss_scale_factor!r}; the loss would be scaled '
+        'twice. Create it with loss_scale_factor=None.')
+
+
+def unscale_for_variables(grads: List[Any], trainable_variables: List[Any],
+                 scale: tf.Tensor) -> List[Any]:
+  """Unscales gradients, except those Keras writes over their variables.
+
+  Variables with `overwrite_with_gradient` (float8 scaling factors) receive
+  values, not derivatives of the scaled loss, so their "gradients" are kept.
+  """
+  overwritten = [
+      getattr(v, 'overwrite_with_gradient', False) for v in trainable_variables
+  ]
+  unscaled = gradients.unscale(
+      [None if o else g for g, o in zip(grads, overwritten)], scale)
+  return [g if o else u for g, u, o in zip(grads, unscaled, overwritten)]
+
+
+def _unzip(grads_and_vars: Iterable[Tuple[Any, Any]]) -> Tuple[list, list]:
+  pairs = list(grads_and_vars)
+  return [g for g, _ in pairs], [v for _, v in pairs]
