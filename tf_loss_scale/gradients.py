@@ -52,13 +52,21 @@ def unscale(grads: Any, scale: tf.Tensor) -> Any:
       by_dtype[dtype] = tf.cast(reciprocal, dtype)
     return by_dtype[dtype]
 
+  def unscale_values(values: tf.Tensor) -> tf.Tensor:
+    if values.dtype.size < 4:
+      # A half precision reciprocal is inexact, and in float16 subnormal or
+      # zero for large scales (2**-25 rounds to 0), so these gradients are
+      # unscaled in float32 and cast back.
+      return tf.cast(tf.cast(values, tf.float32) * reciprocal, values.dtype)
+    return values * reciprocal_in(values.dtype)
+
   def unscale_one(grad):
     if grad is None:
       return None
     if isinstance(grad, tf.IndexedSlices):
-      values = grad.values * reciprocal_in(grad.values.dtype)
-      return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
-    return grad * reciprocal_in(grad.dtype)
+      return tf.IndexedSlices(unscale_values(grad.values), grad.indices,
+                              grad.dense_shape)
+    return unscale_values(grad)
 
   return tf.nest.map_structure(unscale_one, grads)
 
