@@ -1,0 +1,236 @@
+"""Specification of the gradient kernels: tf_loss_scale/gradients.py."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_loss_scale import gradients
+
+INF, NAN = np.inf, np.nan
+
+
+def _in_mode(mode, fn):
+  """Runs `fn()` eagerly, in a tf.function or in a TF1 session; numpy out."""
+  if mode == 'eager':
+    return tf.nest.map_structure(lambda t: t.numpy(), fn())
+  if mode == 'function':
+    return tf.nest.map_structure(lambda t: t.numpy(), tf.function(fn)())
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    return session.run(fn())
+
+
+# --- scale_loss ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize('dtype', [tf.float16, tf.bfloat16, tf.float32,
+                                   tf.float64])
+def test_scale_loss_multiplies_in_the_losss_dtype(dtype):
+  scaled = gradients.scale_loss(tf.constant(1.5, dtype), tf.constant(8.0))
+  assert scaled.dtype == dtype
+  assert float(scaled) == 12.0
+
+
+def test_scale_loss_of_a_float16_loss_overflows_like_float16():
+  scaled = gradients.scale_loss(tf.constant(4.0, tf.float16),
+                                tf.constant(2.0**15))
+  assert scaled.dtype == tf.float16
+  assert np.isinf(scaled.numpy())
+
+
+def test_scale_loss_wraps_a_callable_without_calling_it():
+  calls = []
+
+  def loss():
+    calls.append(1)
+    return tf.constant([1.0, -2.0])
+
+  scaled = gradients.scale_loss(loss, tf.constant(4.0))
+  assert callable(scaled) and not calls
+  np.testing.assert_array_equal(scaled().numpy(), [4.0, -8.0])
+  np.testing.assert_array_equal(scaled().numpy(), [4.0, -8.0])
+  assert len(calls) == 2, 'the loss must be recomputed on every call'
+
+
+def test_scale_loss_accepts_python_and_numpy_losses():
+  assert float(gradients.scale_loss(3.0, tf.constant(2.0))) == 6.0
+  np.testing.assert_array_equal(
+      gradients.scale_loss(np.array([1.0, 2.0], np.float32),
+                           tf.constant(2.0)).numpy(), [2.0, 4.0])
+
+
+# --- unscale ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'graph'])
+def test_unscale_divides_a_nested_structure_keeping_none(mode):
+
+  def unscaled():
+    grads = {
+        'a': tf.constant([8.0, -4.0]),
+        'b': [None, (tf.constant(2.0, tf.float64),)],
+    }
+    out = gradients.unscale(grads, tf.constant(4.0))
+    assert out['b'][0] is None
+    assert out['b'][1][0].dtype == tf.float64
+    return {'a': out['a'], 'b1': out['b'][1][0]}
+
+  result = _in_mode(mode, unscaled)
+  np.testing.assert_array_equal(result['a'], [2.0, -1.0])
+  assert result['b1'] == 0.5
+
+
+def test_unscale_accepts_a_bare_tensor_and_a_bare_none():
+  assert float(gradients.unscale(tf.constant(6.0), tf.constant(3.0))) == 2.0
+  assert gradients.unscale(None, tf.constant(3.0)) is None
+  assert gradients.unscale([], tf.constant(3.0)) == []
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'graph'])
+def test_unscale_keeps_indexed_slices_sparse(mode):
+  structure = {}
+
+  def unscaled():
+    grad = tf.IndexedSlices(tf.constant([[4.0, 8.0], [-16.0, 2.0]]),
+                            tf.constant([3, 0]), tf.constant([5, 2]))
+    out = gradients.unscale([grad], tf.constant(4.0))[0]
+    structure['type'] = type(out)
+    return {'values': out.values, 'indices': out.indices,
+            'dense_shape': out.dense_shape}
+
+  result = _in_mode(mode, unscaled)
+  assert structure['type'] is tf.IndexedSlices
+  np.testing.assert_array_equal(result['values'], [[1.0, 2.0], [-4.0, 0.5]])
+  np.testing.assert_array_equal(result['indices'], [3, 0])
+  np.testing.assert_array_equal(result['dense_shape'], [5, 2])
+
+
+@pytest.mark.parametrize('dtype', [tf.float16, tf.bfloat16])
+def test_unscale_keeps_half_precision(dtype):
+  grad = tf.constant([1.5 * 2**15, 2.0**15], dtype)
+  sparse = tf.IndexedSlices(tf.constant([[2.0**14]], dtype), tf.constant([1]))
+  dense, sparse = gradients.unscale([grad, sparse], tf.constant(2.0**15))
+  assert dense.dtype == dtype and sparse.values.dtype == dtype
+  np.testing.assert_array_equal(dense.numpy().astype(np.float32), [1.5, 1.0])
+  np.testing.assert_array_equal(sparse.values.numpy().astype(np.float32),
+                                [[0.5]])
+
+
+@pytest.mark.parametrize('scale', [2.0**25, 2.0**28, 3.0**10, 1.5**30])
+def test_unscale_float16_is_correctly_rounded_even_for_large_scales(scale):
+  # A float16 reciprocal of these scales is zero or subnormal; the unscaled
+  # gradients must still be float16(scaled / scale), not zero or off by ulps.
+  scaled = np.array([60000.0, 1000.0, -3000.0, 40000.0], np.float16)
+  expected = (scaled.astype(np.float64) / scale).astype(np.float16)
+  assert np.all(expected != 0)
+  unscaled = gradients.unscale(tf.constant(scaled), tf.constant(scale))
+  assert unscaled.dtype == tf.float16
+  np.testing.assert_array_equal(unscaled.numpy(), expected)
+
+
+def test_unscale_keeps_each_dtype_in_a_mixed_structure():
+  grads = [tf.constant(2.0, tf.float16), tf.constant(2.0, tf.float32),
+           tf.constant(2.0, tf.float64), tf.constant(2.0, tf.bfloat16)]
+  out = gradients.unscale(grads, tf.constant(2.0))
+  assert [g.dtype for g in out] == [g.dtype for g in grads]
+  assert [float(g) for g in out] == [1.0] * 4
+
+
+def test_unscale_accepts_a_float16_scale():
+  out = gradients.unscale([tf.constant(6.0)], tf.constant(3.0, tf.float16))
+  assert out[0].dtype == tf.float32
+  assert float(out[0]) == pytest.approx(2.0, rel=1e-7)
+
+
+# --- all_finite ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize('values,dtype,expected', [
+    ([3e38, 3e38], np.float32, True),           # the sum overflows, values don't
+    ([3e38, 3e38, -3e38, -3e38, 1.0], np.float32, True),
+    ([-3.4e38, -3.4e38], np.float32, True),
+    ([60000.0, 60000.0], np.float16, True),     # float16 sum overflows
+    ([65504.0] * 8, np.float16, True),
+    ([3e38, 3e38], 'bfloat16', True),
+    ([1e300, 1e300], np.float64, True),         # beyond float32, still finite
+    ([0.0, -1.0, 2.5], np.float32, True),
+    ([INF], np.float32, False),
+    ([NAN], np.float32, False),
+    ([INF, -INF], np.float32, False),
+    ([1.0, -INF, 2.0], np.float32, False),
+    ([1.0, NAN], np.float16, False),
+    ([INF], np.float16, False),
+    ([NAN, 1.0], 'bfloat16', False),
+    ([1.0, INF], np.float64, False),
+])
+@pytest.mark.parametrize('mode', ['eager', 'function', 'graph'])
+def test_all_finite_is_exact(values, dtype, expected, mode):
+  tf_dtype = tf.bfloat16 if dtype == 'bfloat16' else tf.as_dtype(dtype)
+
+  def verdict():
+    return gradients.all_finite(
+        [tf.cast(tf.constant(values, tf.float64), tf_dtype)])
+
+  assert bool(_in_mode(mode, verdict)) is expected
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'graph'])
+def test_all_finite_combines_many_gradients(mode):
+
+  def verdicts():
+    big = tf.constant([3e38, 3e38])
+    small = tf.constant([1.0, 2.0], tf.float16)
+    bad = tf.constant([[1.0, NAN]])
+    sparse_bad = tf.IndexedSlices(tf.constant([[INF]]), tf.constant([0]))
+    sparse_ok = tf.IndexedSlices(tf.constant([[3e38], [3e38]]),
+                                 tf.constant([0, 1]))
+    return [
+        gradients.all_finite([big, None, small, sparse_ok]),
+        gradients.all_finite({'x': [big, small], 'y': bad}),
+        gradients.all_finite((small, sparse_bad)),
+        gradients.all_finite(sparse_bad),
+        gradients.all_finite(big),
+    ]
+
+  assert [bool(v) for v in _in_mode(mode, verdicts)] == [
+      True, False, False, False, True]
+
+
+@pytest.mark.parametrize('grads', [[], [None], None, {'a': None, 'b': []}])
+def test_all_finite_of_no_gradients_is_true(grads):
+  verdict = gradients.all_finite(grads)
+  assert verdict.dtype == tf.bool and verdict.shape == ()
+  assert bool(verdict)
+
+
+def test_all_finite_returns_a_scalar_bool_tensor():
+  verdict = gradients.all_finite([tf.ones([3, 4]), tf.ones([2])])
+  assert isinstance(verdict, tf.Tensor)
+  assert verdict.dtype == tf.bool and verdict.shape == ()
+
+
+def test_all_finite_on_empty_and_scalar_tensors():
+  assert bool(gradients.all_finite([tf.zeros([0]), tf.constant(1.0)]))
+  assert not bool(gradients.all_finite([tf.zeros([0]), tf.constant(NAN)]))
+
+
+def test_all_finite_in_a_function_retraces_nothing_per_value():
+  fn = tf.function(gradients.all_finite)
+  spec = tf.TensorSpec([2], tf.float32)
+  concrete = fn.get_concrete_function([spec])
+  assert bool(concrete([tf.constant([3e38, 3e38])]))
+  assert not bool(concrete([tf.constant([3e38, INF])]))
+  assert not bool(concrete([tf.constant([NAN, 0.0])]))
+
+
+# --- dense_values -------------------------------------------------------------
+
+
+def test_dense_values_flattens_and_drops_none():
+  dense = tf.constant([1.0])
+  sparse = tf.IndexedSlices(tf.constant([[2.0]]), tf.constant([0]))
+  values = gradients.dense_values({'a': [dense, None], 'b': (sparse,)})
+  assert len(values) == 2
+  assert values[0] is dense
+  assert values[1] is sparse.values
+  assert gradients.dense_values(None) == []
+  assert gradients.dense_values(dense) == [dense]
