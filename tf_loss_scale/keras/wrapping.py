@@ -248,8 +248,12 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
           f'{len(trainable_variables)} variables.')
     if self._grads_are_scaled():
       grads = unscale_for_variables(grads, trainable_variables, self._loss_scale())
-    distribute.merge_to_cross_replica(self._apply_if_finite, grads,
-                                      trainable_variables)
+    # The variables are the same objects on every replica, so they are
+    # captured rather than passed through merge_call (which would turn them
+    # into tensors in a tf.function).
+    distribute.merge_to_cross_replica(
+        lambda strategy, g: self._apply_if_finite(strategy, g,
+                                                  trainable_variables), grads)
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]) -> Any:
     """Applies `(gradient, variable)` pairs like `apply`.
