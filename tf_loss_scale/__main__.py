@@ -1,0 +1,102 @@
+"""The `tf-loss-scale` command line (also `python -m tf_loss_scale`).
+
+  tf-loss-scale demo [--api keras|v1] [--strategy none|mirrored] [--out DIR]
+  tf-loss-scale inspect CHECKPOINT
+"""
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+# TensorFlow's start-up chatter would bury the output; users may still opt in.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+_USAGE_ERROR = 2
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  """Runs the command line.
+
+  Args:
+    argv: The arguments after the program name; `sys.argv[1:]` by default.
+
+  Returns:
+    The exit code: 0 on success, 1 when a checkpoint holds no loss scale
+    state, 2 for a usage error or a missing or unreadable checkpoint.
+  """
+  parser = _parser()
+  args = parser.parse_args(argv)
+  if args.command == 'demo':
+    return _demo(args)
+  return _inspect(args.checkpoint)
+
+
+def _parser() -> argparse.ArgumentParser:
+  # Imported lazily by the commands; the parser itself needs no TensorFlow.
+  from tf_loss_scale.demo import config as config_lib  # pylint: disable=g-import-not-at-top
+  defaults = config_lib.DemoConfig()
+  parser = argparse.ArgumentParser(
+      prog='tf-loss-scale',
+      description='Loss scaling for mixed precision training: demo and tools.')
+  commands = parser.add_subparsers(dest='command', required=True)
+  demo = commands.add_parser(
+      'demo', help='train float32, mixed_float16 and mixed_float16 with a '
+      'dynamic loss scale on the 8x8 digits, and compare them',
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  demo.add_argument('--api', choices=config_lib.APIS, default=defaults.api,
+                    help='Keras 3 model.fit, or a TF1 session loop')
+  demo.add_argument('--strategy', choices=config_lib.STRATEGIES,
+                    default=defaults.strategy,
+                    help='mirrored runs two replicas on two logical CPUs')
+  demo.add_argument('--out', default=defaults.out,
+                    help='directory for the PNG and TensorBoard event files')
+  for name, help_text in (
+      ('steps', 'training steps per run'),
+      ('batch_size', 'examples per step'),
+      ('hidden_units', 'width of the two hidden layers'),
+      ('growth_steps', 'finite steps after which the dynamic scale doubles'),
+      ('probe_every', 'steps between measurements of flushed gradients'),
+      ('seed', 'seed of the data order and initial weights')):
+    demo.add_argument('--' + name.replace('_', '-'), type=int,
+                      default=getattr(defaults, name), help=help_text)
+  for name, help_text in (
+      ('learning_rate', 'SGD-with-momentum learning rate'),
+      ('initial_scale', 'first value of the dynamic loss scale')):
+    demo.add_argument('--' + name.replace('_', '-'), type=float,
+                      default=getattr(defaults, name), help=help_text)
+  inspect = commands.add_parser(
+      'inspect', help='print the loss scale state saved in a checkpoint')
+  inspect.add_argument(
+      'checkpoint', help='a .keras file, a checkpoint prefix, or a directory '
+      'with a "checkpoint" file')
+  return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+  from tf_loss_scale.demo import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.demo import runner  # pylint: disable=g-import-not-at-top
+  settings = {key: value for key, value in vars(args).items()
+              if key != 'command'}
+  try:
+    config = config_lib.DemoConfig(**settings)
+  except ValueError as error:
+    print(f'tf-loss-scale demo: error: {error}', file=sys.stderr)
+    return _USAGE_ERROR
+  runner.run_demo(config)
+  return 0
+
+
+def _inspect(path: str) -> int:
+  from tf_loss_scale import inspect_checkpoint  # pylint: disable=g-import-not-at-top
+  try:
+    inspection = inspect_checkpoint.inspect(path)
+  except inspect_checkpoint.CheckpointError as error:
+    print(f'tf-loss-scale inspect: error: {error}', file=sys.stderr)
+    return _USAGE_ERROR
+  print(inspect_checkpoint.format_inspection(inspection))
+  return 0 if inspection.states else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())

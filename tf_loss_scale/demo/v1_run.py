@@ -1,0 +1,163 @@
+"""One demo run as TF1 code: a graph, a session and `MixedPrecisionLossScaleOptimizer`."""
+
+import time
+from typing import List, Optional, TextIO, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+import tf_loss_scale
+from tf_loss_scale import monitoring
+from tf_loss_scale.demo import config as config_lib
+from tf_loss_scale.demo import data as data_lib
+from tf_loss_scale.demo import measure
+from tf_loss_scale.demo import report
+from tf_loss_scale.demo import results as results_lib
+
+
+def train(kind: str, name: str, config: config_lib.DemoConfig,
+          digits: data_lib.Digits, batches: np.ndarray, log_dir: str,
+          stream: TextIO) -> results_lib.RunResult:
+  """Trains and evaluates one run in a fresh graph.
+
+  Args:
+    kind: One of `config.KINDS`.
+    name: The run's display name.
+    config: The demo's settings.
+    digits: The data.
+    batches: `[steps, batch_size]` training indices.
+    log_dir: Where this run's TensorBoard event files go.
+    stream: Where the progress bar is drawn.
+
+  Returns:
+    The run's `RunResult`.
+  """
+  compute_dtype = tf.float32 if kind == config_lib.FLOAT32 else tf.float16
+  with tf.Graph().as_default():
+    strategy = (tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+                if config.strategy == 'mirrored' else tf.distribute.get_strategy())
+    with strategy.scope():
+      params = _make_params(config.hidden_units, config.seed)
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      optimizer = tf.compat.v1.train.MomentumOptimizer(config.learning_rate, 0.9)
+      if kind == config_lib.SCALED:
+        optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+            optimizer, tf_loss_scale.DynamicLossScale(
+                config.initial_scale, config.growth_steps))
+    x = tf.compat.v1.placeholder(tf.float32, [config.batch_size, 64])
+    y = tf.compat.v1.placeholder(tf.int32, [config.batch_size])
+
+    def replica_step():
+      context = tf.distribute.get_replica_context()
+      mine = tf.range(context.replica_id_in_sync_group, config.batch_size,
+                      context.num_replicas_in_sync)
+      loss = _loss(params, tf.gather(x, mine), tf.gather(y, mine),
+                   compute_dtype)
+      return loss, optimizer.minimize(loss, global_step, var_list=params)
+
+    losses, train_ops = strategy.extended.call_for_each_replica(replica_step)
+    loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
+    train_op = strategy.group(train_ops)
+    probe = None
+    if kind != config_lib.FLOAT32:
+      probe = _probe(params, digits, optimizer, compute_dtype)
+    x_test = tf.constant(digits.x_test)
+    predictions = tf.argmax(_logits(params, x_test, compute_dtype), axis=1,
+                            output_type=tf.int32)
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(predictions, digits.y_test),
+                                      tf.float32))
+
+    hooks = []
+    if kind == config_lib.SCALED:
+      hook = monitoring.LossScaleHook(optimizer, output_dir=log_dir,
+                                      every_n_steps=1)
+      hooks.append(hook)
+    writer = tf.compat.v1.summary.FileWriterCache.get(log_dir)
+    step_losses, scales, skipped = [], [], []
+    flushed = nonzero = 0
+    bar = report.ProgressBar(name, config.steps, stream)
+    start = time.perf_counter()
+    with tf.compat.v1.train.MonitoredTrainingSession(
+        hooks=hooks, log_step_count_steps=None) as session:
+      for step, indices in enumerate(batches):
+        _, step_loss = session.run(
+            [train_op, loss],
+            {x: digits.x_train[indices], y: digits.y_train[indices]})
+        step_losses.append(float(step_loss))
+        writer.add_summary(_scalar('loss', step_loss), step)
+        if hooks:
+          state = hooks[0].latest
+          scales.append(state[monitoring.SCALE])
+          previous = sum(skipped)
+          skipped.append(state[monitoring.SKIPPED_STEPS] > previous)
+        else:
+          skipped.append(False)
+        if probe is not None and (step % config.probe_every == 0 or
+                                  step == config.steps - 1):
+          step_flushed, step_nonzero = session.run(probe)
+          flushed += step_flushed
+          nonzero += step_nonzero
+        bar.update(step + 1)
+      wall_time = time.perf_counter() - start
+      test_accuracy = float(session.run(accuracy))
+    bar.close()
+    writer.flush()
+  return results_lib.RunResult(
+      name=name, losses=step_losses,
+      scales=scales if kind == config_lib.SCALED else None, skipped=skipped,
+      flushed_fraction=None if probe is None else flushed / max(nonzero, 1),
+      test_accuracy=test_accuracy, wall_time=wall_time)
+
+
+def _make_params(hidden: int, seed: int) -> List[tf.Variable]:
+  """Glorot-uniform float32 weights and zero biases, the same in every run."""
+  rng = np.random.default_rng(seed)
+  sizes = [64, hidden, hidden, 10]
+  params = []
+  for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    kernel = rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32)
+    params.append(tf.Variable(kernel, name=f'kernel_{index}'))
+    params.append(tf.Variable(np.zeros(fan_out, np.float32),
+                              name=f'bias_{index}'))
+  return params
+
+
+def _logits(params: List[tf.Variable], x: tf.Tensor,
+            dtype: tf.DType) -> tf.Tensor:
+  """The network, computed in `dtype` from float32 weights; float32 out."""
+  hidden = tf.cast(x, dtype)
+  layers = list(zip(params[::2], params[1::2]))
+  for index, (kernel, bias) in enumerate(layers):
+    hidden = tf.matmul(hidden, tf.cast(kernel, dtype)) + tf.cast(bias, dtype)
+    if index < len(layers) - 1:
+      hidden = tf.nn.relu(hidden)
+  return tf.cast(hidden, tf.float32)
+
+
+def _loss(params: List[tf.Variable], x: tf.Tensor, y: tf.Tensor,
+          dtype: tf.DType) -> tf.Tensor:
+  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=y, logits=_logits(params, x, dtype)))
+
+
+def _probe(params: List[tf.Variable], digits: data_lib.Digits,
+           optimizer: tf.compat.v1.train.Optimizer,
+           dtype: tf.DType) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Flushed-gradient counts on a fixed batch, at the current weights."""
+  x = tf.constant(digits.x_train[:512])
+  y = tf.constant(digits.y_train[:512])
+  scale: Optional[tf.Tensor] = None
+  if isinstance(optimizer, tf_loss_scale.MixedPrecisionLossScaleOptimizer):
+    scale = optimizer.loss_scale()
+  mixed_loss = _loss(params, x, y, dtype)
+  if scale is not None:
+    mixed_loss = mixed_loss * scale
+  return measure.flushed_counts(tf.gradients(mixed_loss, params),
+                                tf.gradients(_loss(params, x, y, tf.float32),
+                                             params))
+
+
+def _scalar(tag: str, value: float) -> tf.compat.v1.Summary:
+  return tf.compat.v1.Summary(
+      value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=float(value))])

@@ -1,0 +1,212 @@
+"""Finds the loss scale state held in a checkpoint, whoever wrote it.
+
+Three kinds of file are read:
+
+- TF1 `tf.compat.v1.train.Saver` checkpoints, keyed by variable name;
+- object-based `tf.train.Checkpoint` checkpoints, keyed by object path;
+- Keras 3 `.keras` files, whose optimizer variables are stored by position.
+
+Two layouts of loss scale state are recognised in each: the
+`current_loss_scale`/`good_steps` pair of TensorFlow's and this library's
+`LossScale` classes, and the `dynamic_scale`/`step_counter` pair of Keras 3's
+`LossScaleOptimizer`. Both count, in `good_steps`/`step_counter`, the finite
+steps since the scale last changed.
+"""
+
+import dataclasses
+import io
+import json
+import os
+import zipfile
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+# (scale variable, good-steps variable) -> the classes that use those names.
+LAYOUTS = {
+    ('current_loss_scale', 'good_steps'):
+        'current_loss_scale + good_steps (tf_loss_scale / TensorFlow LossScale)',
+    ('dynamic_scale', 'step_counter'):
+        'dynamic_scale + step_counter (Keras 3 LossScaleOptimizer)',
+}
+
+_OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'
+_VALUE_SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
+
+
+class CheckpointError(Exception):
+  """A checkpoint is missing, unreadable or corrupt."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScaleState:
+  """One loss scale's state as found in a checkpoint.
+
+  Attributes:
+    owner: Where the state sits in the checkpoint (a name scope, an object
+      path, or a Keras optimizer's name); '' for the top level.
+    scale: The current loss scale.
+    good_steps: Finite steps since the scale last changed.
+    layout: Which variable names held them (a value of `LAYOUTS`).
+  """
+  owner: str
+  scale: float
+  good_steps: int
+  layout: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Inspection:
+  """What `inspect` found.
+
+  Attributes:
+    path: The file that was read.
+    kind: The kind of checkpoint.
+    states: Every loss scale state found, possibly none.
+  """
+  path: str
+  kind: str
+  states: List[LossScaleState]
+
+
+def inspect(path: str) -> Inspection:
+  """Reads the loss scale state out of a checkpoint.
+
+  Args:
+    path: A `.keras` file, a checkpoint prefix (such as `ckpt-1`), or a
+      directory holding a `checkpoint` file that names the latest one.
+
+  Returns:
+    An `Inspection`.
+
+  Raises:
+    CheckpointError: If nothing readable is at `path`.
+  """
+  if zipfile.is_zipfile(path) or path.endswith('.keras'):
+    return _inspect_keras_file(path)
+  prefix = path
+  if os.path.isdir(path):
+    prefix = tf.train.latest_checkpoint(path)
+    if prefix is None:
+      raise CheckpointError(f'no checkpoint found in directory {path}')
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    values = {key: reader.get_tensor(key)
+              for key in reader.get_variable_to_shape_map()}
+  except (tf.errors.OpError, ValueError, OSError) as error:
+    raise CheckpointError(
+        f'cannot read checkpoint {path}: {_first_line(error)}') from error
+  if _OBJECT_GRAPH_KEY in values:
+    kind = 'object-based checkpoint (tf.train.Checkpoint)'
+    names = {key[:-len(_VALUE_SUFFIX)]: value for key, value in values.items()
+             if key.endswith(_VALUE_SUFFIX)}
+  else:
+    kind = 'name-based checkpoint (tf.compat.v1.train.Saver)'
+    names = values
+  return Inspection(prefix, kind, _states_by_name(names))
+
+
+def format_inspection(inspection: Inspection) -> str:
+  """Describes an `Inspection` in a few lines of text.
+
+  Args:
+    inspection: What `inspect` returned.
+
+  Returns:
+    The text, ending without a newline.
+  """
+  lines = [f'{inspection.path}: {inspection.kind}']
+  if not inspection.states:
+    lines.append('  no loss scale state found (a fixed loss scale, or no '
+                 'loss scaling, saves none)')
+  for state in inspection.states:
+    lines.append(f'  {state.owner or "(top level)"}:')
+    lines.append(f'    current loss scale: {state.scale:g}')
+    lines.append(f'    good steps:         {state.good_steps}')
+    lines.append(f'    layout:             {state.layout}')
+  return '\n'.join(lines)
+
+
+def _states_by_name(values: Dict[str, object]) -> List[LossScaleState]:
+  """Pairs scale and good-steps values that share a parent path."""
+  states = []
+  for key in sorted(values):
+    parent, _, leaf = key.rpartition('/')
+    for (scale_name, steps_name), layout in LAYOUTS.items():
+      steps_key = f'{parent}/{steps_name}' if parent else steps_name
+      if leaf == scale_name and steps_key in values:
+        states.append(LossScaleState(parent, float(values[key]),
+                                     int(values[steps_key]), layout))
+  return states
+
+
+def _inspect_keras_file(path: str) -> Inspection:
+  kind = 'Keras 3 .keras file'
+  try:
+    with zipfile.ZipFile(path) as archive:
+      config = json.loads(archive.read('config.json'))
+      weights = archive.read('model.weights.h5')
+  except (OSError, zipfile.BadZipFile, KeyError, ValueError) as error:
+    raise CheckpointError(
+        f'cannot read Keras file {path}: {_first_line(error)}') from error
+  optimizer_config = (config.get('compile_config') or {}).get('optimizer')
+  if not optimizer_config:
+    return Inspection(path, kind, [])
+  stored = _read_optimizer_values(path, weights)
+  if not stored:  # Saved before the optimizer was built.
+    return Inspection(path, kind, [])
+  names = _optimizer_variable_names(path, optimizer_config)
+  if len(stored) < len(names):
+    raise CheckpointError(
+        f'cannot read Keras file {path}: its optimizer stores {len(stored)} '
+        f'variables but its config builds at least {len(names)}')
+  owner = optimizer_config.get('config', {}).get('name', '')
+  return Inspection(path, kind, _states_by_name(
+      {f'{owner}/{name}': value for name, value in zip(names, stored)}))
+
+
+def _optimizer_variable_names(path: str, optimizer_config: dict) -> List[str]:
+  """Names of an optimizer's own variables, in the order Keras saves them.
+
+  Keras stores optimizer variables by position only. The variables a wrapper
+  creates when built come before its inner optimizer's (which grow with the
+  model), so building the optimizer from its config with no model variables
+  gives the names of the leading positions.
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  # Registers this library's Keras classes, if that package is available.
+  try:
+    import tf_loss_scale.keras  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    pass
+  try:
+    optimizer = keras.optimizers.deserialize(optimizer_config)
+    optimizer.build([])
+  except (TypeError, ValueError) as error:
+    raise CheckpointError(
+        f'cannot rebuild the optimizer of Keras file {path}: '
+        f'{_first_line(error)}') from error
+  return [_leaf_name(variable) for variable in optimizer.variables]
+
+
+def _read_optimizer_values(path: str, weights: bytes) -> List[object]:
+  import h5py  # pylint: disable=g-import-not-at-top
+  try:
+    with h5py.File(io.BytesIO(weights), 'r') as store:
+      group = store.get('optimizer/vars')
+      if group is None:
+        return []
+      return [group[str(i)][()] for i in range(len(group))]
+  except (OSError, KeyError, ValueError) as error:
+    raise CheckpointError(
+        f'cannot read Keras file {path}: {_first_line(error)}') from error
+
+
+def _leaf_name(variable: object) -> str:
+  name = getattr(variable, 'path', None) or variable.name
+  return name.split(':')[0].rpartition('/')[2]
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip() or type(error).__name__
+  return text.splitlines()[0]
