@@ -25,7 +25,7 @@ def save_plot(runs: List[results_lib.RunResult], path: str, title: str) -> None:
   loss_axes.set_yscale('log')
   loss_axes.set_ylabel('training loss')
   loss_axes.legend()
-  loss_axes.set_title(title)
+  loss_axes.set_title(title, fontsize=10)
 
   for run in runs:
     if run.scales is None:

@@ -70,7 +70,7 @@ def format_table(runs: List[results_lib.RunResult], loss_window: int) -> str:
         ('(reference)' if run.flushed_fraction is None else
          f'{100 * run.flushed_fraction:.2f}%'),
         str(run.skipped_steps),
-        '-' if run.final_scale is None else f'{run.final_scale:g}',
+        '-' if run.final_scale is None else f'{run.final_scale:.0f}',
         f'{run.wall_time:.1f}s',
     ))
   widths = [max(len(row[i]) for row in rows + [headers])

@@ -75,6 +75,6 @@ def run_demo(config: config_lib.DemoConfig,
 
 
 def _title(config: config_lib.DemoConfig) -> str:
-  return (f'8x8 digits MLP, {config.api} API, strategy {config.strategy}: '
-          f'batch {config.batch_size}, dynamic scale from '
-          f'{config.initial_scale:g}, growth every {config.growth_steps} steps')
+  return (f'8x8 digits MLP, {config.api} API, strategy {config.strategy}, '
+          f'batch {config.batch_size}; dynamic scale from '
+          f'{config.initial_scale:g}, x2 after {config.growth_steps} good steps')

@@ -1,0 +1,265 @@
+"""Tests of tf_loss_scale.monitoring and DynamicLossScale.skipped_steps."""
+
+import glob
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_loss_scale
+from tf_loss_scale import monitoring
+from tf_loss_scale.keras import LossScaleOptimizer
+
+INF = float('inf')
+NAN = float('nan')
+
+# A dynamic scale from 8 that doubles after 2 finite steps, given the gradient
+# sequence below: (scale, good_steps, skipped_steps) after each step, worked
+# out by hand from the rule.
+GRADS = [1.0, 1.0, INF, 1.0, 1.0, NAN, 1.0, 1.0]
+EXPECTED = [
+    (8.0, 1, 0),
+    (16.0, 0, 0),
+    (8.0, 0, 1),   # skipped: halved
+    (8.0, 1, 1),
+    (16.0, 0, 1),
+    (8.0, 0, 2),   # skipped: halved
+    (8.0, 1, 2),
+    (16.0, 0, 2),
+]
+
+
+def _events(log_dir):
+  """Reads every scalar in a directory's event files: {tag: {step: value}}."""
+  found = {}
+  for path in glob.glob(os.path.join(log_dir, 'events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        number = (float(tf.make_ndarray(value.tensor))
+                  if value.HasField('tensor') else value.simple_value)
+        found.setdefault(value.tag, {})[event.step] = number
+  return found
+
+
+def _check_trajectory(observed, what):
+  for step, (got, want) in enumerate(zip(observed, EXPECTED)):
+    assert tuple(got) == want, (
+        f'{what}: step {step}: (scale, good_steps, skipped_steps) was {got}, '
+        f'expected {want}')
+  assert len(observed) == len(EXPECTED), f'{what}: {len(observed)} steps'
+
+
+def _check_events(log_dir, steps, what):
+  events = _events(log_dir)
+  for key, index in ((monitoring.SCALE, 0), (monitoring.GOOD_STEPS, 1),
+                     (monitoring.SKIPPED_STEPS, 2)):
+    tag = monitoring.TAGS[key]
+    got = [events.get(tag, {}).get(step) for step in steps]
+    want = [EXPECTED[step][index] for step in steps]
+    assert got == want, f'{what}: TensorBoard {tag} at steps {steps}: {got}, expected {want}'
+
+
+def test_skipped_steps_counted_eagerly_and_in_tf_function():
+  loss_scale = tf_loss_scale.DynamicLossScale(8.0, increment_period=2)
+  update = tf.function(lambda g: loss_scale.update([g])[1])
+  observed = []
+  for step, grad in enumerate(GRADS):
+    if step % 2:
+      update(tf.constant(grad))
+    else:
+      loss_scale.update([tf.constant(grad)])
+    state = {k: v.numpy() for k, v in monitoring.state_tensors(loss_scale).items()}
+    observed.append((state['loss_scale'], state['good_steps'],
+                     state['skipped_steps']))
+  _check_trajectory(observed, 'eager/tf.function')
+
+
+def test_skipped_steps_counter_is_not_saved_and_checkpoints_still_interchange(tmp_path):
+  ours = tf_loss_scale.DynamicLossScale(8.0, increment_period=2)
+  ours.update([tf.constant(INF)])
+  assert [v.name for v in ours.variables] == ['current_loss_scale:0',
+                                              'good_steps:0']
+  path = tf.train.Checkpoint(loss_scale=ours).save(str(tmp_path / 'ours'))
+  keys = sorted(name for name, _ in tf.train.list_variables(path))
+  assert keys == ['_CHECKPOINTABLE_OBJECT_GRAPH',
+                  'loss_scale/current_loss_scale/.ATTRIBUTES/VARIABLE_VALUE',
+                  'loss_scale/good_steps/.ATTRIBUTES/VARIABLE_VALUE',
+                  'save_counter/.ATTRIBUTES/VARIABLE_VALUE']
+  # TensorFlow's class reads it with every value consumed.
+  theirs = tf.compat.v1.mixed_precision.DynamicLossScale(initial_loss_scale=1.0)
+  tf.train.Checkpoint(loss_scale=theirs).restore(path).assert_consumed()
+  assert float(theirs()) == 4.0
+
+
+def test_skipped_steps_in_tf1_graph_with_and_without_local_init():
+  with tf.Graph().as_default():
+    loss_scale = tf_loss_scale.DynamicLossScale(8.0, increment_period=2)
+    grad = tf.compat.v1.placeholder(tf.float32, [])
+    update_op, _ = loss_scale.update([grad])
+    state = monitoring.state_tensors(loss_scale)
+    assert loss_scale.variables == tuple(tf.compat.v1.global_variables())
+    # A default Saver, built from the global variables, does not see it.
+    assert len(tf.compat.v1.local_variables()) == 1
+    for init in (tf.compat.v1.global_variables_initializer(),
+                 tf.group(tf.compat.v1.global_variables_initializer(),
+                          tf.compat.v1.local_variables_initializer())):
+      with tf.compat.v1.Session() as session:
+        session.run(init)
+        assert session.run(state['skipped_steps']) == 0
+        observed = []
+        for value in GRADS:
+          session.run(update_op, {grad: value})
+          got = session.run(state)
+          observed.append((got['loss_scale'], got['good_steps'],
+                           got['skipped_steps']))
+        _check_trajectory(observed, f'graph with {init.name}')
+
+
+def test_fixed_loss_scale_reports_no_good_or_skipped_steps():
+  state = monitoring.state_tensors(tf_loss_scale.FixedLossScale(128))
+  assert {k: v.numpy() for k, v in state.items()} == {
+      'loss_scale': 128.0, 'good_steps': 0, 'skipped_steps': 0}
+
+
+def test_write_summaries_in_a_custom_loop(tmp_path):
+  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1),
+      tf_loss_scale.DynamicLossScale(8.0, increment_period=2))
+  var = tf.Variable(1.0)
+  writer = tf.summary.create_file_writer(str(tmp_path))
+
+  @tf.function
+  def step(grad, index):
+    optimizer.apply_gradients([(grad, var)])
+    monitoring.write_summaries(optimizer, step=index)
+
+  with writer.as_default():
+    for index, grad in enumerate(GRADS):
+      step(tf.constant(grad), tf.constant(index, tf.int64))
+  writer.flush()
+  _check_events(str(tmp_path), list(range(len(GRADS))), 'write_summaries')
+
+
+class _LogsRecorder(keras.callbacks.Callback):
+
+  def __init__(self):
+    super().__init__()
+    self.batches = []
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.batches.append((logs['loss_scale'], logs['good_steps'],
+                         logs['skipped_steps']))
+
+
+def _overflowing_data():
+  """One example per batch; the batches whose GRADS entry is not finite get
+  an input so large that the loss, and so the gradients, overflow."""
+  x = np.array([[1e30 if not np.isfinite(g) else 1.0] for g in GRADS],
+               np.float32)
+  return x, np.ones((len(GRADS), 1), np.float32)
+
+
+def test_keras_callback_logs_and_tensorboard(tmp_path):
+  model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+  optimizer = LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=8.0,
+                                 dynamic_growth_steps=2)
+  model.compile(optimizer=optimizer, loss='mse')
+  recorder = _LogsRecorder()
+  x, y = _overflowing_data()
+  history = model.fit(
+      x, y, batch_size=1, epochs=1, shuffle=False, verbose=0,
+      callbacks=[monitoring.LossScaleCallback(str(tmp_path), update_freq=1),
+                 recorder])
+  _check_trajectory(recorder.batches, 'Keras logs')
+  _check_events(str(tmp_path), list(range(len(GRADS))), 'Keras callback')
+  assert history.history['skipped_steps'] == [2]
+  assert history.history['loss_scale'] == [16.0]
+  # Independent count: the inner optimizer only steps when a step is applied.
+  assert int(optimizer.inner_optimizer.iterations) == len(GRADS) - 2
+
+
+def test_keras_callback_per_epoch_summaries(tmp_path):
+  model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+  model.compile(optimizer=LossScaleOptimizer(
+      keras.optimizers.SGD(0.01), initial_scale=8.0, dynamic_growth_steps=2),
+                loss='mse')
+  x, y = _overflowing_data()
+  model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0,
+            callbacks=[monitoring.LossScaleCallback(str(tmp_path))])
+  events = _events(str(tmp_path))
+  # The second epoch repeats the sequence from scale 16: it ends at 32.
+  assert events[monitoring.TAGS['loss_scale']] == {0: 16.0, 1: 32.0}
+  assert events[monitoring.TAGS['skipped_steps']] == {0: 2.0, 1: 4.0}
+
+
+def test_keras_callback_needs_a_loss_scale():
+  model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+  model.compile(optimizer='sgd', loss='mse')
+  with pytest.raises(TypeError, match='loss_scale property'):
+    model.fit(np.ones((2, 1)), np.ones((2, 1)), verbose=0,
+              callbacks=[monitoring.LossScaleCallback()])
+
+
+@pytest.mark.parametrize('update_freq', [0, -1, 'batch', 1.5, True])
+def test_keras_callback_rejects_bad_update_freq(update_freq):
+  with pytest.raises(ValueError, match='update_freq'):
+    monitoring.LossScaleCallback(update_freq=update_freq)
+
+
+def _v1_training_graph(strategy=None):
+  """A TF1 graph training one variable; returns (train_op, feed, optimizer)."""
+  strategy = strategy or tf.distribute.get_strategy()
+  with strategy.scope():
+    var = tf.Variable(1.0)
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.01),
+        tf_loss_scale.DynamicLossScale(8.0, increment_period=2))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+  per_replica = tf.compat.v1.placeholder(tf.float32, [2])
+
+  def replica_step():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return optimizer.minimize(lambda: var * per_replica[replica],
+                              global_step=global_step)
+
+  train_op = strategy.group(strategy.extended.call_for_each_replica(replica_step))
+  return train_op, per_replica, optimizer
+
+
+def test_session_run_hook_in_monitored_training_session(tmp_path):
+  with tf.Graph().as_default():
+    train_op, per_replica, optimizer = _v1_training_graph()
+    hook = monitoring.LossScaleHook(optimizer, output_dir=str(tmp_path),
+                                    every_n_steps=1)
+    observed = []
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as session:
+      for grad in GRADS:
+        session.run(train_op, {per_replica: [grad, grad]})
+        observed.append((hook.latest['loss_scale'], hook.latest['good_steps'],
+                         hook.latest['skipped_steps']))
+  _check_trajectory(observed, 'SessionRunHook')
+  _check_events(str(tmp_path), list(range(len(GRADS))), 'SessionRunHook')
+
+
+def test_session_run_hook_every_n_steps_and_one_replica_overflowing(tmp_path):
+  with tf.Graph().as_default():
+    strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+    train_op, per_replica, optimizer = _v1_training_graph(strategy)
+    hook = monitoring.LossScaleHook(optimizer.loss_scale,
+                                    output_dir=str(tmp_path), every_n_steps=3)
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as session:
+      for grad in GRADS:
+        # Only the second replica sees the non-finite gradient.
+        session.run(train_op, {per_replica: [1.0, grad]})
+  _check_events(str(tmp_path), [0, 3, 6], 'SessionRunHook, mirrored')
+  events = _events(str(tmp_path))
+  assert sorted(events[monitoring.TAGS['loss_scale']]) == [0, 3, 6]
+
+
+def test_session_run_hook_rejects_bad_arguments():
+  with pytest.raises(ValueError, match='every_n_steps'):
+    monitoring.LossScaleHook(tf_loss_scale.FixedLossScale(2), every_n_steps=0)
+  with pytest.raises(TypeError, match='LossScale'):
+    monitoring.LossScaleHook(tf.compat.v1.train.GradientDescentOptimizer(0.1))
