@@ -1,0 +1,148 @@
+"""Tests of `python -m tf_loss_scale inspect` on checkpoints of every kind."""
+
+import numpy as np
+import keras
+import pytest
+import tensorflow as tf
+
+import tf_loss_scale
+from tf_loss_scale import __main__ as cli
+from tf_loss_scale import inspect_checkpoint
+from tf_loss_scale.keras import LossScaleOptimizer
+
+INF = float('inf')
+TF_LAYOUT = inspect_checkpoint.LAYOUTS[('current_loss_scale', 'good_steps')]
+KERAS_LAYOUT = inspect_checkpoint.LAYOUTS[('dynamic_scale', 'step_counter')]
+
+
+def _inspect(capsys, path):
+  code = cli.main(['inspect', str(path)])
+  captured = capsys.readouterr()
+  return code, captured.out, captured.err
+
+
+def _check_printed(out, owner, scale, good_steps, layout):
+  # The printed block for one loss scale, line by line.
+  expected = [f'  {owner}:', f'    current loss scale: {scale}',
+              f'    good steps:         {good_steps}',
+              f'    layout:             {layout}']
+  lines = out.splitlines()
+  assert expected[0] in lines, out
+  start = lines.index(expected[0])
+  assert lines[start:start + 4] == expected, out
+
+
+def _v1_saver_checkpoint(directory, optimizer_class):
+  """Steps [inf, 1, 1] from the default 2**15 scale: 16384, 2 good steps."""
+  with tf.Graph().as_default():
+    var = tf.Variable(1.0)
+    optimizer = optimizer_class(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1), 'dynamic')
+    grad = tf.compat.v1.placeholder(tf.float32, [])
+    train_op = optimizer.minimize(var * grad)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for value in (INF, 1.0, 1.0):
+        session.run(train_op, {grad: value})
+      return tf.compat.v1.train.Saver().save(session, str(directory / 'model'))
+
+
+@pytest.mark.parametrize('optimizer_class', [
+    tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+    tf_loss_scale.MixedPrecisionLossScaleOptimizer,
+], ids=['tensorflow', 'tf_loss_scale'])
+def test_v1_saver_checkpoint(capsys, tmp_path, optimizer_class):
+  path = _v1_saver_checkpoint(tmp_path, optimizer_class)
+  code, out, err = _inspect(capsys, path)
+  assert (code, err) == (0, '')
+  assert out.splitlines()[0] == (
+      f'{path}: name-based checkpoint (tf.compat.v1.train.Saver)')
+  _check_printed(out, '(top level)', 16384, 2, TF_LAYOUT)
+
+
+@pytest.mark.parametrize('make_pair', [
+    lambda: (tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+             tf.compat.v1.mixed_precision.DynamicLossScale),
+    lambda: (tf_loss_scale.MixedPrecisionLossScaleOptimizer,
+             tf_loss_scale.DynamicLossScale),
+], ids=['tensorflow', 'tf_loss_scale'])
+def test_object_based_checkpoint_and_its_directory(capsys, tmp_path, make_pair):
+  optimizer_class, loss_scale_class = make_pair()
+  var = tf.Variable(1.0)
+  optimizer = optimizer_class(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                              loss_scale_class(initial_loss_scale=64.0))
+  for value in (INF, 1.0, 1.0):
+    optimizer.minimize(lambda v=value: var * v, var_list=[var])
+  path = tf.train.Checkpoint(optimizer=optimizer, var=var).save(
+      str(tmp_path / 'ckpt'))
+  for target in (path, tmp_path):
+    code, out, err = _inspect(capsys, target)
+    assert (code, err) == (0, '')
+    assert out.splitlines()[0] == (
+        f'{path}: object-based checkpoint (tf.train.Checkpoint)')
+    _check_printed(out, 'optimizer/loss_scale', 32, 2, TF_LAYOUT)
+
+
+def _fit_three_finite_steps(optimizer):
+  """Three finite steps at scale 256 with growth after 5: 256, 3 good steps."""
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  model.compile(optimizer=optimizer, loss='mse')
+  model.fit(np.ones((3, 3)), np.ones((3, 2)), batch_size=1, verbose=0)
+  return model
+
+
+@pytest.mark.parametrize('make_optimizer, layout', [
+    (keras.optimizers.LossScaleOptimizer, KERAS_LAYOUT),
+    (LossScaleOptimizer, TF_LAYOUT),
+], ids=['keras', 'tf_loss_scale'])
+def test_keras_file(capsys, tmp_path, make_optimizer, layout):
+  model = _fit_three_finite_steps(make_optimizer(
+      keras.optimizers.SGD(0.01, momentum=0.9), initial_scale=256.0,
+      dynamic_growth_steps=5, name='scaled'))
+  path = tmp_path / 'model.keras'
+  model.save(path)
+  code, out, err = _inspect(capsys, path)
+  assert (code, err) == (0, '')
+  assert out.splitlines()[0] == f'{path}: Keras 3 .keras file'
+  _check_printed(out, 'scaled', 256, 3, layout)
+
+
+def test_object_based_checkpoint_of_keras_optimizer(capsys, tmp_path):
+  optimizer = keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.SGD(0.01), initial_scale=256.0, dynamic_growth_steps=5)
+  _fit_three_finite_steps(optimizer)
+  path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / 'ckpt'))
+  code, out, _ = _inspect(capsys, path)
+  assert code == 0
+  _check_printed(out, 'optimizer', 256, 3, KERAS_LAYOUT)
+
+
+def test_checkpoint_without_loss_scale_exits_1(capsys, tmp_path):
+  path = tf.train.Checkpoint(var=tf.Variable(1.0)).save(str(tmp_path / 'ckpt'))
+  code, out, _ = _inspect(capsys, path)
+  assert code == 1
+  assert 'no loss scale state found' in out
+
+
+def _assert_one_line_error(capsys, path, fragment):
+  code, out, err = _inspect(capsys, path)
+  assert code == 2
+  assert out == ''
+  assert err.count('\n') == 1 and err.startswith('tf-loss-scale inspect: error:'), err
+  assert fragment in err, err
+
+
+def test_missing_checkpoint(capsys, tmp_path):
+  _assert_one_line_error(capsys, tmp_path / 'nothing-here', 'nothing-here')
+  _assert_one_line_error(capsys, tmp_path / 'nothing.keras', 'nothing.keras')
+  _assert_one_line_error(capsys, tmp_path, 'no checkpoint found')
+
+
+def test_corrupt_checkpoints(capsys, tmp_path):
+  path = tf.train.Checkpoint(var=tf.Variable(1.0)).save(str(tmp_path / 'ckpt'))
+  with open(path + '.index', 'wb') as index:
+    index.write(b'not a checkpoint index')
+  _assert_one_line_error(capsys, path, str(path))
+  bad_keras = tmp_path / 'bad.keras'
+  bad_keras.write_bytes(b'not a zip archive')
+  _assert_one_line_error(capsys, bad_keras, 'bad.keras')
