@@ -1,0 +1,205 @@
+"""Both Keras loss scale optimizers under MirroredStrategy (two CPU replicas).
+
+The promise: if the gradients of any one replica are not finite, every
+replica skips the step and the loss scale halves once. Keras 3.15's own
+LossScaleOptimizer trusts the first replica's verdict instead; a test below
+reproduces its failure to document the difference.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_loss_scale import keras as tls_keras
+
+INF = float('inf')
+
+
+@pytest.fixture(scope='module')
+def mirrored_strategy():
+  """One MirroredStrategy over the two logical CPUs for the whole module.
+
+  Each MirroredStrategy numbers its collective ops from the same starting
+  key, and the process-wide collective executor remembers the shapes it saw
+  for a key, so a second strategy in one process can clash with the first.
+  """
+  return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+
+
+def _ours(inner):
+  return tls_keras.LossScaleOptimizer(inner, initial_scale=8.0)
+
+
+def _experimental(inner):
+  return tls_keras.experimental.LossScaleOptimizer(
+      inner, {'class_name': 'DynamicLossScale',
+              'config': {'initial_loss_scale': 8.0, 'increment_period': 2000,
+                         'multiplier': 2.0}})
+
+
+def _keras_reference(inner):
+  return keras.optimizers.LossScaleOptimizer(inner, initial_scale=8.0)
+
+
+def _scale_of(opt):
+  if isinstance(opt, tls_keras.experimental.LossScaleOptimizer):
+    return float(opt.loss_scale())
+  return float(tf.convert_to_tensor(opt.dynamic_scale))
+
+
+def _replica_values(strategy, variable):
+  return [np.asarray(v.numpy())
+          for v in strategy.experimental_local_results(variable.value)]
+
+
+def _run_custom_loop(strategy, make_optimizer, bad_replica_steps, eager):
+  """Trains one variable; on the given steps replica 1's gradient is inf."""
+  with strategy.scope():
+    opt = make_optimizer(keras.optimizers.SGD(0.5, momentum=0.5))
+    var = keras.Variable(np.array([1.0, 2.0], np.float32))
+    opt.build([var])
+  experimental = isinstance(opt, tls_keras.experimental.LossScaleOptimizer)
+
+  def replica_step(poison):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    grad = tf.constant([1.0, -1.0])
+    grad = tf.where(tf.logical_and(poison, tf.equal(replica, 1)),
+                    grad * INF, grad)
+    if experimental:
+      opt.apply_gradients([(grad, var)])  # gradients of an unscaled loss
+    else:
+      opt.apply([grad * opt.dynamic_scale], [var])
+
+  def step(poison):
+    strategy.run(replica_step, args=(poison,))
+
+  if not eager:
+    step = tf.function(step)
+  history = []
+  for i in range(4):
+    step(tf.constant(i in bad_replica_steps))
+    history.append((_replica_values(strategy, var), _scale_of(opt),
+                    int(opt.iterations.numpy())))
+  return history
+
+
+# Two replicas each contribute [1, -1]: the summed gradient is [2, -2].
+# SGD(0.5, momentum=0.5): step 0 moves by [-1, 1]; step 1 is skipped; step 2
+# moves by momentum 0.5 * [-1, 1] plus [-1, 1]; step 3 by 0.75 * ... + [-1, 1].
+_EXPECTED_WEIGHTS = [[0.0, 3.0], [0.0, 3.0], [-1.5, 4.5], [-3.25, 6.25]]
+_EXPECTED_SCALES = [8.0, 4.0, 4.0, 4.0]
+
+
+@pytest.mark.parametrize('eager', [False, True])
+@pytest.mark.parametrize('make_optimizer', [_ours, _experimental],
+                         ids=['keras3_form', 'experimental_form'])
+def test_overflow_on_one_replica_skips_on_all_and_halves_once(
+    mirrored_strategy, make_optimizer, eager):
+  history = _run_custom_loop(mirrored_strategy, make_optimizer, {1}, eager)
+  experimental = make_optimizer is _experimental
+  for step, (replica_weights, scale, iterations) in enumerate(history):
+    for replica, weights in enumerate(replica_weights):
+      np.testing.assert_allclose(
+          weights, _EXPECTED_WEIGHTS[step],
+          err_msg=f'step {step}: weights on replica {replica}')
+    assert scale == _EXPECTED_SCALES[step], f'step {step}: scale {scale}'
+    # The experimental form counts skipped steps (TF 2.3); Keras 3 does not.
+    expected_iterations = step + 1 if experimental else step + (step < 1)
+    assert iterations == expected_iterations, (
+        f'step {step}: iterations {iterations}')
+
+
+def test_keras_reference_applies_an_overflow_on_replica_1(mirrored_strategy):
+  """Documents the Keras 3.15 bug this library fixes (see module docstring)."""
+  history = _run_custom_loop(mirrored_strategy, _keras_reference, {1},
+                             eager=False)
+  replica_weights, scale, _ = history[1]
+  for replica, weights in enumerate(replica_weights):
+    assert np.all(np.isinf(weights)), (
+        f'replica {replica}: expected Keras to apply the inf step, got '
+        f'{weights}')
+  assert scale == 8.0  # and its loss scale did not react
+
+
+def test_keras3_form_matches_reference_when_every_step_is_finite(
+    mirrored_strategy):
+  ours = _run_custom_loop(mirrored_strategy, _ours, set(), eager=False)
+  reference = _run_custom_loop(mirrored_strategy, _keras_reference, set(),
+                               eager=False)
+  for step, (mine, theirs) in enumerate(zip(ours, reference)):
+    for replica, (a, b) in enumerate(zip(mine[0], theirs[0])):
+      np.testing.assert_allclose(
+          a, b, err_msg=f'step {step}: weights on replica {replica}')
+    assert mine[1:] == theirs[1:], f'step {step}: {mine[1:]} vs {theirs[1:]}'
+
+
+def test_check_finite_agrees_across_replicas(mirrored_strategy):
+  with mirrored_strategy.scope():
+    opt = _ours(keras.optimizers.SGD(0.1))
+
+  @tf.function
+  def verdicts():
+    def replica_fn():
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      grad = tf.where(tf.equal(replica, 1), INF, 1.0)
+      return opt.check_finite([grad, None])
+    return mirrored_strategy.experimental_local_results(
+        mirrored_strategy.run(replica_fn))
+
+  assert [bool(v) for v in verdicts()] == [False, False]
+
+
+def _fit_with_overflow_on_replica_1(strategy, make_optimizer):
+  """Two batches of 4 rows; row 3 (replica 1's half of batch 0) is inf."""
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((2,)),
+        keras.layers.Dense(1, kernel_initializer='ones', use_bias=False)
+    ])
+    opt = make_optimizer(keras.optimizers.SGD(0.05))
+    model.compile(optimizer=opt, loss='mse')
+  x = np.array([[1, 0], [0, 1], [1, 1], [1, 2], [1, 0], [0, 1], [1, 1], [2, 1]],
+               np.float32)
+  y = np.zeros((8, 1), np.float32)
+  y[3] = INF
+  history = []
+
+  class Record(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      history.append((model.layers[0].kernel.numpy().ravel().copy(),
+                      _scale_of(model.optimizer),
+                      int(model.optimizer.iterations.numpy())))
+
+  model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+            callbacks=[Record()])
+  return model, history
+
+
+@pytest.mark.parametrize('make_optimizer', [_ours, _experimental],
+                         ids=['keras3_form', 'experimental_form'])
+def test_fit_skips_a_batch_that_overflows_on_one_replica(
+    mirrored_strategy, make_optimizer):
+  model, history = _fit_with_overflow_on_replica_1(mirrored_strategy,
+                                                   make_optimizer)
+  assert model.optimizer.inner_optimizer is not None
+  (w0, s0, i0), (w1, s1, i1) = history
+  np.testing.assert_array_equal(w0, [1.0, 1.0], err_msg='batch 0 was applied')
+  assert s0 == 4.0, f'batch 0: scale {s0}'
+  # Batch 1: predictions [1, 1, 2, 3], mse gradient 2/4 * sum(pred * x)
+  # = [0.5 * (1 + 2 + 6), 0.5 * (1 + 2 + 3)] = [4.5, 3]; SGD(0.05).
+  np.testing.assert_allclose(w1, [0.775, 0.85], rtol=1e-6,
+                             err_msg='batch 1 weights')
+  assert s1 == 4.0
+  experimental = make_optimizer is _experimental
+  assert (i0, i1) == ((1, 2) if experimental else (0, 1))
+
+
+def test_keras_reference_fit_applies_the_overflow(mirrored_strategy):
+  _, history = _fit_with_overflow_on_replica_1(mirrored_strategy,
+                                               _keras_reference)
+  weights, scale, _ = history[0]
+  assert not np.all(np.isfinite(weights)), (
+      f'expected Keras 3.15 to apply replica 1 overflow, got {weights}')
+  assert scale == 8.0
