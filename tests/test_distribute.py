@@ -1,0 +1,280 @@
+"""Specification of tf_loss_scale/distribute.py under a real two-replica strategy.
+
+The `mirrored_strategy` fixture (tests/conftest.py) runs two replicas on two
+logical CPUs. Gradients are made non-finite on one replica only, chosen by
+`replica_id_in_sync_group`, to prove that every replica sees the overflow.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_loss_scale
+from tf_loss_scale import distribute
+
+INF, NAN = np.inf, np.nan
+
+
+def _per_replica(strategy, values_by_replica):
+  """Per-replica gradients [dense (2,), sparse (1, 2)] from one value each."""
+
+  def value_fn(context):
+    value = values_by_replica[context.replica_id_in_sync_group]
+    dense = tf.constant([1.0, value])
+    sparse = tf.IndexedSlices(tf.constant([[2.0, 3.0]]), tf.constant([1]),
+                              tf.constant([4, 2]))
+    return [dense, None, sparse]
+
+  return strategy.experimental_distribute_values_from_function(value_fn)
+
+
+def _local(strategy, value):
+  """Each replica's copy of a variable or per-replica value, as numpy."""
+  return [np.asarray(v) for v in strategy.experimental_local_results(value)]
+
+
+# --- all_finite_on_every_replica ---------------------------------------------
+
+
+def test_all_finite_on_every_replica_without_a_strategy():
+  assert bool(distribute.all_finite_on_every_replica([tf.constant(1.0), None]))
+  assert not bool(distribute.all_finite_on_every_replica(tf.constant(NAN)))
+
+
+@pytest.mark.parametrize('values,expected', [
+    ((1.0, 2.0), True),
+    ((1.0, INF), False),
+    ((NAN, 1.0), False),
+    ((-INF, NAN), False),
+    ((3e38, 3e38), True),
+])
+def test_all_finite_on_every_replica_sees_each_replica(mirrored_strategy,
+                                                       values, expected):
+  grads = _per_replica(mirrored_strategy, values)
+  with mirrored_strategy.scope():
+    verdict = distribute.all_finite_on_every_replica(grads)
+  assert verdict.dtype == tf.bool
+  assert bool(verdict) is expected, f'replica values {values}'
+
+
+def test_all_finite_on_every_replica_in_a_function(mirrored_strategy):
+
+  @tf.function
+  def verdict(grads):
+    return distribute.all_finite_on_every_replica(grads)
+
+  with mirrored_strategy.scope():
+    assert bool(verdict(_per_replica(mirrored_strategy, (1.0, 2.0))))
+    assert not bool(verdict(_per_replica(mirrored_strategy, (1.0, INF))))
+
+
+def test_all_finite_on_every_replica_refuses_a_replica_context(
+    mirrored_strategy):
+  with pytest.raises(RuntimeError,
+                     match='cross-replica context.*replica context.*merge_call'):
+    mirrored_strategy.run(
+        lambda: distribute.all_finite_on_every_replica([tf.constant(1.0)]))
+
+
+def test_all_finite_in_any_context_agrees_across_replicas(mirrored_strategy):
+
+  def replica_verdict():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    bad = tf.where(tf.equal(replica, 1), INF, 1.0)
+    return distribute.all_finite_in_any_context([tf.constant(1.0), bad])
+
+  assert _local(mirrored_strategy,
+                mirrored_strategy.run(replica_verdict)) == [False, False]
+  finite = mirrored_strategy.run(
+      lambda: distribute.all_finite_in_any_context([tf.constant(1.0)]))
+  assert _local(mirrored_strategy, finite) == [True, True]
+
+
+# --- DynamicLossScale under MirroredStrategy ----------------------------------
+
+
+def _replica_steps(strategy, loss_scale, bad_replica_per_step, in_function):
+  """Runs one update per step from strategy.run; returns per-step records.
+
+  Args:
+    strategy: A two-replica strategy.
+    loss_scale: A loss scale created in `strategy.scope()`.
+    bad_replica_per_step: For each step, the replica whose gradient is inf
+      (or None for a finite step).
+    in_function: Whether to run the steps in a tf.function.
+
+  Returns:
+    A list of `(should_apply per replica, scale per replica, good_steps per
+    replica)` after each step.
+  """
+
+  def replica_fn(bad_replica):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    grad = tf.where(tf.equal(replica, bad_replica), INF, 0.5)
+
+    def merge_fn(unused_strategy, grads):
+      update_op, should_apply = loss_scale.update(grads)
+      with tf.control_dependencies([update_op] if update_op is not None
+                                   else []):
+        return tf.identity(should_apply)
+
+    should_apply = tf.distribute.get_replica_context().merge_call(
+        merge_fn, args=([grad, None],))
+    # Each replica returns its own copy of the verdict it was given.
+    return tf.identity(should_apply)
+
+  step = lambda bad: strategy.run(replica_fn, args=(bad,))
+  if in_function:
+    step = tf.function(step)
+  records = []
+  for bad_replica in bad_replica_per_step:
+    should_apply = step(tf.constant(-1 if bad_replica is None else bad_replica))
+    records.append((_local(strategy, should_apply),
+                    _local(strategy, loss_scale.current_loss_scale),
+                    _local(strategy, loss_scale.good_steps)))
+  return records
+
+
+@pytest.mark.parametrize('in_function', [False, True],
+                         ids=['eager', 'function'])
+def test_dynamic_loss_scale_skips_on_every_replica_when_one_overflows(
+    mirrored_strategy, in_function):
+  with mirrored_strategy.scope():
+    loss_scale = tf_loss_scale.DynamicLossScale(16, increment_period=2)
+  assert len(mirrored_strategy.experimental_local_results(
+      loss_scale.current_loss_scale)) == 2, 'the loss scale must be mirrored'
+  # Finite, inf on replica 1, finite, finite, inf on replica 0.
+  records = _replica_steps(mirrored_strategy, loss_scale,
+                           [None, 1, None, None, 0], in_function)
+  expected = [(True, 16, 1), (False, 8, 0), (True, 8, 1), (True, 16, 0),
+              (False, 8, 0)]
+  for step, (record, want) in enumerate(zip(records, expected)):
+    for replica in range(2):
+      got = (bool(record[0][replica]), float(record[1][replica]),
+             int(record[2][replica]))
+      assert got == want, (
+          f'step {step}, replica {replica}: (should_apply, scale, good_steps) '
+          f'= {got}, expected {want}')
+
+
+def test_dynamic_loss_scale_update_in_a_replica_context_is_a_clear_error(
+    mirrored_strategy):
+  with mirrored_strategy.scope():
+    loss_scale = tf_loss_scale.DynamicLossScale(16)
+  with pytest.raises(RuntimeError) as raised:
+    mirrored_strategy.run(lambda: loss_scale.update([tf.constant(1.0)]))
+  message = str(raised.value)
+  assert 'cross-replica context' in message
+  assert 'strategy.run' in message and 'merge_call' in message
+  assert _local(mirrored_strategy, loss_scale.current_loss_scale) == [16, 16]
+
+
+def test_dynamic_loss_scale_update_in_the_cross_replica_context(
+    mirrored_strategy):
+  with mirrored_strategy.scope():
+    loss_scale = tf_loss_scale.DynamicLossScale(16, increment_period=1)
+    _, should_apply = loss_scale.update(_per_replica(mirrored_strategy,
+                                                     (1.0, 2.0)))
+    assert bool(should_apply)
+    _, should_apply = loss_scale.update(_per_replica(mirrored_strategy,
+                                                     (1.0, NAN)))
+    assert not bool(should_apply)
+  assert _local(mirrored_strategy, loss_scale.current_loss_scale) == [16, 16]
+
+
+def test_fixed_loss_scale_works_in_a_replica_context(mirrored_strategy):
+  loss_scale = tf_loss_scale.FixedLossScale(4)
+  results = mirrored_strategy.run(
+      lambda: loss_scale() * tf.cast(loss_scale.update([INF])[1], tf.float32))
+  assert _local(mirrored_strategy, results) == [4.0, 4.0]
+
+
+# --- Context helpers ----------------------------------------------------------
+
+
+def test_require_cross_replica_context(mirrored_strategy):
+  distribute.require_cross_replica_context('Anything')  # no strategy: fine
+  with mirrored_strategy.scope():
+    distribute.require_cross_replica_context('Anything')
+  with pytest.raises(RuntimeError, match='^Updating the scale must happen in '
+                     'a cross-replica context'):
+    mirrored_strategy.run(
+        lambda: distribute.require_cross_replica_context('Updating the scale'))
+
+
+def test_require_replica_context(mirrored_strategy):
+  distribute.require_replica_context('apply_gradients()')  # no strategy: fine
+  mirrored_strategy.run(
+      lambda: distribute.require_replica_context('apply_gradients()'))
+  with mirrored_strategy.scope():
+    with pytest.raises(ValueError, match=r'^apply_gradients\(\) must be called '
+                       'in a replica context.*strategy.run'):
+      distribute.require_replica_context('apply_gradients()')
+
+
+def test_merge_to_cross_replica_without_a_strategy():
+  received = []
+
+  def fn(strategy, a, b):
+    received.append(strategy)
+    return a + b
+
+  assert distribute.merge_to_cross_replica(fn, 2, 3) == 5
+  assert received == [tf.distribute.get_strategy()]
+
+
+def test_merge_to_cross_replica_sees_per_replica_values(mirrored_strategy):
+  seen = []
+
+  def fn(strategy, value):
+    assert tf.distribute.in_cross_replica_context()
+    seen.append(strategy)
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+
+  def replica_fn():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    total = distribute.merge_to_cross_replica(fn, tf.cast(replica + 1,
+                                                          tf.float32))
+    return tf.identity(total)
+
+  totals = mirrored_strategy.run(replica_fn)
+  assert seen == [mirrored_strategy], 'fn must run once, for all replicas'
+  assert _local(mirrored_strategy, totals) == [3.0, 3.0]
+
+
+def test_call_for_each_replica_unpacks_per_replica_arguments(
+    mirrored_strategy):
+  seen = []
+
+  def fn(value):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    seen.append((int(replica), float(value)))
+    return tf.no_op()
+
+  def merge_fn(strategy, value):
+    return distribute.call_for_each_replica(strategy, fn, value)
+
+  def replica_fn():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    value = tf.cast(replica, tf.float32) * 10.0
+    return tf.distribute.get_replica_context().merge_call(merge_fn,
+                                                          args=(value,))
+
+  mirrored_strategy.run(replica_fn)
+  assert sorted(seen) == [(0, 0.0), (1, 10.0)]
+
+
+def test_check_strategy_supported_accepts_mirrored_and_no_strategy(
+    mirrored_strategy):
+  distribute.check_strategy_supported('LossScaleOptimizer')
+  with mirrored_strategy.scope():
+    distribute.check_strategy_supported('LossScaleOptimizer')
+
+
+def test_check_strategy_supported_refuses_central_storage():
+  strategy = tf.distribute.experimental.CentralStorageStrategy(
+      ['/cpu:0', '/cpu:1'], parameter_device='/cpu:0')
+  with strategy.scope():
+    with pytest.raises(ValueError,
+                       match='^LossScaleOptimizer: .*CentralStorageStrategy'):
+      distribute.check_strategy_supported('LossScaleOptimizer')

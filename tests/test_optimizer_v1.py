@@ -1,0 +1,582 @@
+"""Specification of `MixedPrecisionLossScaleOptimizer` (tf_loss_scale/optimizer_v1.py).
+
+TensorFlow's own `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer`
+is the oracle: the same seeded sequences of finite, inf, NaN and scale-dependent
+overflowing gradients go through both, in a TF1 session, eagerly and in a
+tf.function, and every step's loss scale, verdict, variables, slots and global
+step must be identical.
+"""
+
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_loss_scale
+
+INF, NAN = np.inf, np.nan
+MODES = ('graph', 'eager', 'function')
+OPTIMIZERS = {
+    'sgd': lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    'momentum': lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+    'adam': lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+}
+TF_V1 = tf.compat.v1.mixed_precision
+OURS = (tf_loss_scale.MixedPrecisionLossScaleOptimizer,
+        tf_loss_scale.DynamicLossScale, tf_loss_scale.FixedLossScale)
+THEIRS = (TF_V1.MixedPrecisionLossScaleOptimizer, TF_V1.DynamicLossScale,
+          TF_V1.FixedLossScale)
+EMBEDDING_IDS = [1, 3]
+
+
+class Model:
+  """A dense weight, an embedding read by tf.gather, and an unused weight."""
+
+  def __init__(self, dtype=tf.float32):
+    self.w = tf.Variable(tf.constant([0.5, -1.0, 2.0], dtype), name='w')
+    self.embedding = tf.Variable(
+        tf.constant(np.arange(10).reshape(5, 2) / 10, dtype), name='embedding')
+    self.unused = tf.Variable(tf.constant([1.0], dtype), name='unused')
+    self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                   name='global_step')
+
+  @property
+  def trainable(self):
+    return [self.w, self.embedding, self.unused]
+
+  def loss(self, x, y):
+    rows = tf.gather(self.embedding, EMBEDDING_IDS)
+    return tf.reduce_sum(self.w * x) + tf.reduce_sum(rows * y)
+
+
+def _random_steps(seed, count=16):
+  """Inputs `(x [3], y [2, 2])`; the gradients are x (for w) and y (rows).
+
+  About a quarter of the steps hold inf, -inf or NaN; another quarter hold
+  1e34, which overflows only at a loss scale of 2**16 or more.
+  """
+  rng = np.random.default_rng(seed)
+  steps = []
+  for _ in range(count):
+    x = rng.normal(size=3).astype(np.float32)
+    y = rng.normal(size=(2, 2)).astype(np.float32)
+    draw = rng.random()
+    if draw < 0.12:
+      x[rng.integers(3)] = rng.choice([INF, -INF, NAN])
+    elif draw < 0.24:
+      y[rng.integers(2), rng.integers(2)] = rng.choice([INF, NAN])
+    elif draw < 0.5:
+      x[rng.integers(3)] = 1e34
+    steps.append((x, y))
+  return steps
+
+
+def _state(model, optimizer):
+  """The variables to compare: model, global step, optimizer.variables().
+
+  Keys are stable across runs and implementations: the model's attribute
+  names, then each optimizer variable's position and base name, e.g.
+  '1:embedding/Momentum', without the numbered suffixes eager slot names get
+  or the cond scopes variables created in a tf.function's cond get.
+  """
+  state = {'w': model.w, 'embedding': model.embedding,
+           'unused': model.unused, 'global_step': model.global_step}
+  for index, variable in enumerate(optimizer.variables()):
+    base_name = re.sub(r'^(cond(_\d+)?/)+', '', variable.name)
+    base_name = re.sub(r'(_\d+)?:\d+$', '', base_name)
+    state[f'{index}:{base_name}'] = variable
+  return state
+
+
+def _named(record, base_name):
+  """The value of the optimizer variable called `base_name` in a record."""
+  values = [v for k, v in record.items() if k.split(':', 1)[-1] == base_name]
+  assert len(values) == 1, (base_name, sorted(record))
+  return values[0]
+
+
+def run_training(classes, make_inner, make_loss_scale, steps, mode):
+  """Trains `Model` with `minimize` on each step's inputs.
+
+  Args:
+    classes: `OURS` or `THEIRS`: (optimizer, dynamic, fixed) classes.
+    make_inner: Factory of the wrapped tf.compat.v1 optimizer.
+    make_loss_scale: Function of `classes` making the loss scale.
+    steps: A list of `(x, y)` inputs.
+    mode: 'graph', 'eager' or 'function'.
+
+  Returns:
+    One dict per step, from variable name to its value after the step.
+  """
+  records = []
+  if mode == 'graph':
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+      model = Model()
+      optimizer = classes[0](make_inner(), make_loss_scale(classes))
+      x = tf.compat.v1.placeholder(tf.float32, [3])
+      y = tf.compat.v1.placeholder(tf.float32, [2, 2])
+      train_op = optimizer.minimize(model.loss(x, y), var_list=model.trainable,
+                                    global_step=model.global_step)
+      state = _state(model, optimizer)
+      session.run(tf.compat.v1.global_variables_initializer())
+      for x_value, y_value in steps:
+        session.run(train_op, {x: x_value, y: y_value})
+        records.append(session.run(state))
+    return records
+  model = Model()
+  optimizer = classes[0](make_inner(), make_loss_scale(classes))
+
+  def step(x, y):
+    optimizer.minimize(lambda: model.loss(x, y), var_list=model.trainable,
+                       global_step=model.global_step)
+
+  if mode == 'function':
+    step = tf.function(step, input_signature=[
+        tf.TensorSpec([3], tf.float32), tf.TensorSpec([2, 2], tf.float32)])
+  for x_value, y_value in steps:
+    step(tf.constant(x_value), tf.constant(y_value))
+    records.append({name: v.numpy()
+                    for name, v in _state(model, optimizer).items()})
+  return records
+
+
+def assert_same_trajectory(ours, theirs):
+  for step, (mine, reference) in enumerate(zip(ours, theirs)):
+    assert sorted(mine) == sorted(reference), f'step {step}: variable names'
+    for name in reference:
+      np.testing.assert_array_equal(
+          mine[name], reference[name],
+          err_msg=f'step {step}: {name} differs (ours vs tensorflow)')
+  assert len(ours) == len(theirs)
+
+
+def _applied_steps(records):
+  steps = [int(r['global_step']) for r in records]
+  return [now > before for before, now in zip([0] + steps, steps)]
+
+
+# --- Differential: ours against TensorFlow's, step by step --------------------
+
+
+@pytest.mark.parametrize('mode', MODES)
+@pytest.mark.parametrize('optimizer_name,seed', [
+    ('sgd', 1), ('momentum', 5), ('adam', 7)])
+def test_dynamic_matches_tensorflow_step_by_step(optimizer_name, seed, mode):
+  steps = _random_steps(seed)
+  make_loss_scale = lambda classes: classes[1](2.0**15, increment_period=2)
+  ours = run_training(OURS, OPTIMIZERS[optimizer_name], make_loss_scale,
+                      steps, mode)
+  theirs = run_training(THEIRS, OPTIMIZERS[optimizer_name], make_loss_scale,
+                        steps, mode)
+  assert_same_trajectory(ours, theirs)
+  # The sequence must exercise every branch: applied steps, skipped steps,
+  # and skips caused by the scale itself (finite inputs that overflow). In a
+  # tf.function Grappler folds `x * scale * (1 / scale)` to `x`, for
+  # TensorFlow's class as for ours, so the float32 overflow never happens.
+  applied = _applied_steps(ours)
+  assert any(applied) and not all(applied), applied
+  finite_inputs = [np.all(np.isfinite(x)) and np.all(np.isfinite(y))
+                   for x, y in steps]
+  overflowed = [f and not a for f, a in zip(finite_inputs, applied)]
+  assert any(overflowed) == (mode != 'function'), overflowed
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_fixed_matches_tensorflow_and_never_skips(mode):
+  steps = [(x, y) for x, y in _random_steps(3, count=8)
+           if np.all(np.isfinite(x)) and np.all(np.isfinite(y))]
+  make_loss_scale = lambda classes: classes[2](128)
+  ours = run_training(OURS, OPTIMIZERS['momentum'], make_loss_scale, steps,
+                      mode)
+  theirs = run_training(THEIRS, OPTIMIZERS['momentum'], make_loss_scale, steps,
+                        mode)
+  assert_same_trajectory(ours, theirs)
+  assert all(_applied_steps(ours))
+
+
+# --- The wrapper --------------------------------------------------------------
+
+
+def test_wraps_only_v1_optimizers_naming_the_type():
+  import keras  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match='SGD'):
+    tf_loss_scale.MixedPrecisionLossScaleOptimizer(keras.optimizers.SGD(),
+                                                   'dynamic')
+  with pytest.raises(ValueError, match='str'):
+    tf_loss_scale.MixedPrecisionLossScaleOptimizer('sgd', 'dynamic')
+
+
+@pytest.mark.parametrize('loss_scale,error', [
+    (None, ValueError), ('bogus', ValueError), ([2], ValueError),
+    (0.5, ValueError), (TF_V1.DynamicLossScale(), ValueError)])
+def test_refuses_a_missing_or_unrecognised_loss_scale(loss_scale, error):
+  with pytest.raises(error, match='loss.scale'):
+    tf_loss_scale.MixedPrecisionLossScaleOptimizer(OPTIMIZERS['sgd'](),
+                                                   loss_scale)
+
+
+def test_loss_scale_identifiers():
+  dynamic = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['sgd'](), 'dynamic').loss_scale
+  assert isinstance(dynamic, tf_loss_scale.DynamicLossScale)
+  assert dynamic.get_config() == TF_V1.DynamicLossScale().get_config()
+  fixed = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['sgd'](), 64).loss_scale
+  assert isinstance(fixed, tf_loss_scale.FixedLossScale)
+  assert float(fixed()) == 64.0
+  given = tf_loss_scale.DynamicLossScale(8)
+  assert tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['sgd'](), given).loss_scale is given
+
+
+def test_name_gates_and_inner_optimizer():
+  inner = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9, name='MyMomentum')
+  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(inner, 'dynamic')
+  assert optimizer.get_name() == 'MyMomentum'
+  assert optimizer.inner_optimizer is inner
+  assert isinstance(optimizer, tf.compat.v1.train.Optimizer)
+  klass = tf_loss_scale.MixedPrecisionLossScaleOptimizer
+  assert (klass.GATE_NONE, klass.GATE_OP, klass.GATE_GRAPH) == (0, 1, 2)
+  assert (optimizer.GATE_NONE, optimizer.GATE_OP,
+          optimizer.GATE_GRAPH) == (0, 1, 2)
+
+
+def test_variables_slots_and_slot_names_go_beyond_tensorflow():
+  names = {}
+  for classes in (OURS, THEIRS):
+    with tf.Graph().as_default():
+      model = Model()
+      inner = OPTIMIZERS['momentum']()
+      optimizer = classes[0](inner, classes[1](8))
+      optimizer.minimize(model.loss(tf.ones([3]), tf.ones([2, 2])),
+                         var_list=model.trainable)
+      names[classes] = [v.name for v in optimizer.variables()]
+      if classes is THEIRS:
+        assert optimizer.get_slot_names() == []  # TensorFlow hides the slots
+        assert optimizer.get_slot(model.w, 'momentum') is None
+        continue
+      assert optimizer.get_slot_names() == inner.get_slot_names()
+      assert optimizer.get_slot_names() == ['momentum']
+      for variable in (model.w, model.embedding):
+        slot = optimizer.get_slot(variable, 'momentum')
+        assert slot is not None and slot is inner.get_slot(variable,
+                                                          'momentum')
+      assert optimizer.get_slot(model.unused, 'momentum') is None
+      assert optimizer.get_slot(model.w, 'nonexistent') is None
+      loss_scale = optimizer.loss_scale
+      assert optimizer.variables() == inner.variables() + [
+          loss_scale.current_loss_scale, loss_scale.good_steps]
+  assert names[OURS] == names[THEIRS]
+  assert sorted(names[OURS]) == [
+      'current_loss_scale:0', 'embedding/Momentum:0', 'good_steps:0',
+      'w/Momentum:0']
+
+
+def test_variables_with_a_fixed_loss_scale_are_the_inner_ones():
+  with tf.Graph().as_default():
+    model = Model()
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        OPTIMIZERS['adam'](), 16)
+    optimizer.minimize(model.loss(tf.ones([3]), tf.ones([2, 2])),
+                       var_list=model.trainable)
+    assert optimizer.variables() == optimizer.inner_optimizer.variables()
+    assert len(optimizer.variables()) == 6  # two beta powers, m and v twice
+
+
+# --- compute_gradients --------------------------------------------------------
+
+
+class RecordingOptimizer(tf.compat.v1.train.GradientDescentOptimizer):
+  """Gradient descent that records what compute_gradients was given."""
+
+  def __init__(self):
+    super().__init__(0.1)
+    self.calls = []
+
+  def compute_gradients(self, loss, **kwargs):
+    self.calls.append(dict(kwargs, loss=loss))
+    return super().compute_gradients(loss, **kwargs)
+
+
+def test_compute_gradients_scales_the_loss_and_passes_arguments_through():
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    model = Model()
+    inner = RecordingOptimizer()
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        inner, tf_loss_scale.DynamicLossScale(32))
+    x = tf.constant([1.0, 2.0, 3.0])
+    y = tf.constant([[1.0, -1.0], [0.5, 0.25]])
+    loss = model.loss(x, y)
+    grad_loss = tf.constant(2.0)
+    grads_and_vars = optimizer.compute_gradients(
+        loss, var_list=[model.w, model.embedding, model.unused],
+        gate_gradients=optimizer.GATE_GRAPH,
+        aggregation_method=tf.AggregationMethod.EXPERIMENTAL_TREE,
+        colocate_gradients_with_ops=True, grad_loss=grad_loss)
+    session.run(tf.compat.v1.global_variables_initializer())
+    call, = inner.calls
+    assert call['var_list'] == [model.w, model.embedding, model.unused]
+    assert call['gate_gradients'] == 2
+    assert call['aggregation_method'] == (
+        tf.AggregationMethod.EXPERIMENTAL_TREE)
+    assert call['colocate_gradients_with_ops'] is True
+    assert call['grad_loss'] is grad_loss
+    loss_value, scaled_value = session.run([loss, call['loss']])
+    assert scaled_value == loss_value * 32
+    (w_grad, w), (e_grad, e), (u_grad, u) = grads_and_vars
+    assert (w, e, u) == (model.w, model.embedding, model.unused)
+    assert u_grad is None
+    assert isinstance(e_grad, tf.IndexedSlices)
+    np.testing.assert_array_equal(session.run(w_grad), [2.0, 4.0, 6.0])
+    values, indices = session.run([e_grad.values, e_grad.indices])
+    np.testing.assert_array_equal(values, [[2.0, -2.0], [1.0, 0.5]])
+    np.testing.assert_array_equal(indices, EMBEDDING_IDS)
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+def test_compute_gradients_of_a_callable_loss(mode):
+  model = Model()
+  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['sgd'](), tf_loss_scale.DynamicLossScale(2.0**20))
+  x = tf.constant([1e-3, 2.0, -3.0])
+  y = tf.constant([[1.0, -1.0], [0.5, 0.25]])
+
+  def gradients():
+    grads_and_vars = optimizer.compute_gradients(lambda: model.loss(x, y),
+                                                 var_list=model.trainable)
+    assert [v for _, v in grads_and_vars] == model.trainable
+    assert grads_and_vars[2][0] is None
+    assert isinstance(grads_and_vars[1][0], tf.IndexedSlices)
+    sparse = grads_and_vars[1][0]
+    return grads_and_vars[0][0], sparse.values, sparse.indices
+
+  if mode == 'function':
+    gradients = tf.function(gradients)
+  w_grad, values, indices = gradients()
+  np.testing.assert_array_equal(w_grad.numpy(), x.numpy())
+  np.testing.assert_array_equal(values.numpy(), y.numpy())
+  np.testing.assert_array_equal(indices.numpy(), EMBEDDING_IDS)
+
+
+def test_compute_gradients_eagerly_needs_a_callable():
+  model = Model()
+  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['sgd'](), 'dynamic')
+  with pytest.raises(RuntimeError, match='function'):
+    optimizer.compute_gradients(model.loss(tf.ones([3]), tf.ones([2, 2])),
+                                var_list=model.trainable)
+
+
+def test_float16_gradients_are_unscaled_in_float16():
+  model = Model(tf.float16)
+  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['sgd'](), tf_loss_scale.DynamicLossScale(2.0**12))
+  x = tf.constant([1e-3, 0.5, -2.0], tf.float16)
+  y = tf.constant([[3e-4, -1.0], [0.5, 8.0]], tf.float16)
+  grads_and_vars = optimizer.compute_gradients(lambda: model.loss(x, y),
+                                               var_list=model.trainable)
+  w_grad, sparse = grads_and_vars[0][0], grads_and_vars[1][0]
+  assert w_grad.dtype == tf.float16
+  assert isinstance(sparse, tf.IndexedSlices)
+  assert sparse.values.dtype == tf.float16
+  np.testing.assert_array_equal(w_grad.numpy(), x.numpy())
+  np.testing.assert_array_equal(sparse.values.numpy(), y.numpy())
+  # The step applies in float16 too.
+  optimizer.apply_gradients(grads_and_vars)
+  np.testing.assert_array_equal(
+      model.w.numpy(),
+      (np.array([0.5, -1.0, 2.0], np.float16) - np.float16(0.1) * x.numpy()))
+
+
+def test_float16_gradient_overflow_skips_the_step():
+  model = Model(tf.float16)
+  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['sgd'](), tf_loss_scale.DynamicLossScale(2.0**15))
+  x = tf.constant([4.0, 0.5, -2.0], tf.float16)  # 4 * 2**15 overflows float16
+  optimizer.minimize(lambda: model.loss(x, tf.ones([2, 2], tf.float16)),
+                     var_list=model.trainable)
+  np.testing.assert_array_equal(model.w.numpy(), [0.5, -1.0, 2.0])
+  assert float(optimizer.loss_scale()) == 2.0**14
+
+
+# --- apply_gradients ----------------------------------------------------------
+
+
+def _momentum_slot(optimizer, variable):
+  return optimizer.get_slot(variable, 'momentum')
+
+
+def test_skipped_step_in_a_graph_changes_only_the_loss_scale():
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    model = Model()
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        OPTIMIZERS['momentum'](), tf_loss_scale.DynamicLossScale(8))
+    x = tf.compat.v1.placeholder(tf.float32, [3])
+    train_op = optimizer.minimize(
+        model.loss(x, tf.ones([2, 2])), var_list=model.trainable,
+        global_step=model.global_step, name='train_step')
+    assert isinstance(train_op, tf.Operation)
+    assert train_op.name == 'train_step'
+    watched = [model.w, model.embedding, model.global_step,
+               _momentum_slot(optimizer, model.w),
+               _momentum_slot(optimizer, model.embedding)]
+    session.run(tf.compat.v1.global_variables_initializer())
+    session.run(train_op, {x: [1.0, 1.0, 1.0]})
+    before = session.run(watched)
+    assert session.run(model.global_step) == 1
+    for step, bad in enumerate([INF, NAN, -INF]):
+      session.run(train_op, {x: [1.0, bad, 1.0]})
+      after = session.run(watched)
+      for name, old, new in zip(['w', 'embedding', 'global_step',
+                                 'momentum(w)', 'momentum(embedding)'],
+                                before, after):
+        np.testing.assert_array_equal(new, old,
+                                      err_msg=f'skipped step {step}: {name}')
+      assert session.run(optimizer.loss_scale()) == 8.0 / 2**(step + 1)
+    session.run(train_op, {x: [1.0, 1.0, 1.0]})
+    assert session.run(model.global_step) == 2
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+def test_skipped_step_changes_only_the_loss_scale(mode):
+  model = Model()
+  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['momentum'](), tf_loss_scale.DynamicLossScale(8))
+  results = []
+
+  def step(x):
+    results.append(optimizer.minimize(
+        lambda: model.loss(x, tf.ones([2, 2])), var_list=model.trainable,
+        global_step=model.global_step))
+
+  if mode == 'function':
+    step = tf.function(step)
+  step(tf.constant([1.0, 1.0, 1.0]))
+  if mode == 'eager':
+    assert results[0] is None, 'eagerly the step is done, nothing to run'
+  watched = lambda: [v.numpy() for v in (
+      model.w, model.embedding, model.global_step,
+      _momentum_slot(optimizer, model.w),
+      _momentum_slot(optimizer, model.embedding))]
+  before = watched()
+  step(tf.constant([1.0, NAN, 1.0]))
+  for name, old, new in zip(['w', 'embedding', 'global_step', 'momentum(w)',
+                             'momentum(embedding)'], before, watched()):
+    np.testing.assert_array_equal(new, old, err_msg=name)
+  assert float(optimizer.loss_scale()) == 4.0
+  assert int(optimizer.loss_scale.good_steps.numpy()) == 0
+
+
+def test_apply_gradients_keeps_none_gradients():
+  model = Model()
+  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+      OPTIMIZERS['sgd'](), 'dynamic')
+  optimizer.apply_gradients([(tf.constant([1.0, 1.0, 1.0]), model.w),
+                             (None, model.unused)],
+                            global_step=model.global_step)
+  np.testing.assert_allclose(model.w.numpy(), [0.4, -1.1, 1.9])
+  np.testing.assert_array_equal(model.unused.numpy(), [1.0])
+  assert int(model.global_step.numpy()) == 1
+
+
+def test_apply_gradients_in_a_cross_replica_context_raises(mirrored_strategy):
+  with mirrored_strategy.scope():
+    model = Model()
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        OPTIMIZERS['sgd'](), 'dynamic')
+    with pytest.raises(ValueError, match='replica context'):
+      optimizer.apply_gradients([(tf.constant([1.0, 1.0, 1.0]), model.w)])
+
+
+# --- Under MirroredStrategy ---------------------------------------------------
+
+
+def _mirrored_training(strategy, classes, bad_steps):
+  """Trains with `minimize` on two replicas; one replica may overflow.
+
+  Args:
+    strategy: A two-replica MirroredStrategy.
+    classes: `OURS` or `THEIRS`.
+    bad_steps: For each step, None or `(replica, value)`: that replica's
+      gradient holds `value` (inf or NaN) in that step.
+
+  Returns:
+    One dict per step, from variable name to its per-replica values.
+  """
+  with strategy.scope():
+    model = Model()
+    optimizer = classes[0](OPTIMIZERS['momentum'](),
+                           classes[1](16, increment_period=2))
+
+  def replica_step(bad_replica, bad_value):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    x = tf.where(tf.equal(replica, bad_replica),
+                 tf.stack([1.0, bad_value, 1.0]),
+                 tf.constant([1.0, 2.0, 3.0]) * tf.cast(replica + 1,
+                                                       tf.float32))
+    optimizer.minimize(lambda: model.loss(x, tf.ones([2, 2])),
+                       var_list=model.trainable,
+                       global_step=model.global_step)
+
+  @tf.function
+  def step(bad_replica, bad_value):
+    strategy.run(replica_step, args=(bad_replica, bad_value))
+
+  records = []
+  for bad in bad_steps:
+    replica, value = bad if bad is not None else (-1, 0.0)
+    step(tf.constant(replica), tf.constant(value))
+    records.append({
+        name: [np.asarray(v) for v in strategy.experimental_local_results(var)]
+        for name, var in _state(model, optimizer).items()})
+  return records
+
+
+def test_overflow_on_one_replica_skips_the_step_on_both(mirrored_strategy):
+  records = _mirrored_training(mirrored_strategy, OURS,
+                               [None, (1, INF), (0, NAN), None])
+  # Per replica the gradient of w is (1, 2, 3) * (replica + 1); the
+  # replicas' gradients are summed, so an applied step uses (3, 6, 9).
+  w_after_first = np.array([0.5, -1.0, 2.0]) - 0.1 * np.array([3.0, 6.0, 9.0])
+  expected = [  # (w, global_step, loss scale, good_steps)
+      (w_after_first, 1, 16.0, 1),
+      (w_after_first, 1, 8.0, 0),
+      (w_after_first, 1, 4.0, 0),
+      (None, 2, 4.0, 1),
+  ]
+  for step, (record, (w, global_step, scale, good_steps)) in enumerate(
+      zip(records, expected)):
+    for replica in range(2):
+      where = f'step {step}, replica {replica}'
+      if w is not None:
+        np.testing.assert_allclose(record['w'][replica], w, rtol=1e-6,
+                                   err_msg=where)
+      assert record['global_step'][replica] == global_step, where
+      assert _named(record, 'current_loss_scale')[replica] == scale, where
+      assert _named(record, 'good_steps')[replica] == good_steps, where
+      for name, values in record.items():
+        np.testing.assert_array_equal(
+            values[replica], values[0],
+            err_msg=f'{where}: {name} differs from replica 0')
+  for name in records[0]:
+    if name.endswith(('current_loss_scale', 'good_steps')):
+      continue
+    np.testing.assert_array_equal(
+        records[2][name][1], records[0][name][1],
+        err_msg=f'skipped steps changed {name} on replica 1')
+
+
+def test_mirrored_matches_tensorflow_step_by_step(mirrored_strategy):
+  bad_steps = [None, (1, INF), None, None, (0, NAN), (1, -INF), None, None,
+               None]
+  ours = _mirrored_training(mirrored_strategy, OURS, bad_steps)
+  theirs = _mirrored_training(mirrored_strategy, THEIRS, bad_steps)
+  for step, (mine, reference) in enumerate(zip(ours, theirs)):
+    assert sorted(mine) == sorted(reference), f'step {step}: variable names'
+    for name in reference:
+      for replica in range(2):
+        np.testing.assert_array_equal(
+            mine[name][replica], reference[name][replica],
+            err_msg=f'step {step}, replica {replica}: {name} differs '
+            '(ours vs tensorflow)')
