@@ -4,6 +4,7 @@ The class that `tf.keras.mixed_precision.experimental.LossScaleOptimizer`
 was, rebuilt on Keras 3 optimizers so that code written for TF 2.0-2.3 runs.
 """
 
+import copy
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import keras
@@ -228,8 +229,10 @@ class LossScaleOptimizer(wrapping.LossScaleOptimizerBase):
     Returns:
       A new, unbuilt `LossScaleOptimizer`.
     """
+    # Keras's deserialize edits the dict it is given; the caller's must stay
+    # as it was.
     optimizer = keras.optimizers.deserialize(
-        config['optimizer'], custom_objects=custom_objects)
+        copy.deepcopy(config['optimizer']), custom_objects=custom_objects)
     return cls(optimizer, config['loss_scale'])
 
 

@@ -1,0 +1,350 @@
+"""Tests of `tf_loss_scale.keras.experimental.LossScaleOptimizer`.
+
+The reference is TF 2.3's `tf.keras.mixed_precision.experimental.
+LossScaleOptimizer`, which is not installable next to TF 2.21: its behaviour
+is written out below as hand-computed values, and where its semantics meet
+Keras 3's `keras.optimizers.LossScaleOptimizer` (weights, slots and scale
+of a step sequence) that class is the oracle.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_loss_scale
+from tf_loss_scale.keras.experimental import LossScaleOptimizer
+
+INF = float('inf')
+NAN = float('nan')
+
+
+def _dynamic(initial, period=2000):
+  return tf_loss_scale.DynamicLossScale(initial_loss_scale=initial,
+                                        increment_period=period)
+
+
+# ---- construction ---------------------------------------------------------
+
+
+@pytest.mark.parametrize('optimizer', [
+    'sgd', tf.compat.v1.train.GradientDescentOptimizer(0.1), None])
+def test_non_keras_optimizers_are_a_type_error_naming_the_type(optimizer):
+  with pytest.raises(TypeError, match=type(optimizer).__name__):
+    LossScaleOptimizer(optimizer, 'dynamic')
+
+
+def test_wrapping_twice_is_refused():
+  inner = keras.optimizers.SGD()
+  outer = LossScaleOptimizer(inner, 'dynamic')
+  with pytest.raises(ValueError, match='already a loss scale optimizer'):
+    LossScaleOptimizer(outer, 'dynamic')
+  with pytest.raises(ValueError, match='already wrapped'):
+    LossScaleOptimizer(inner, 'dynamic')
+
+
+@pytest.mark.parametrize('loss_scale', [None, 'static', [2.0], True])
+def test_bad_loss_scales_are_a_value_error(loss_scale):
+  with pytest.raises(ValueError):
+    LossScaleOptimizer(keras.optimizers.SGD(), loss_scale)
+
+
+def test_loss_scale_forms():
+  dynamic = LossScaleOptimizer(keras.optimizers.SGD(), 'dynamic').loss_scale
+  assert isinstance(dynamic, tf_loss_scale.DynamicLossScale)
+  assert dynamic.get_config() == {'initial_loss_scale': 32768.0,
+                                  'increment_period': 2000, 'multiplier': 2.0}
+  fixed = LossScaleOptimizer(keras.optimizers.SGD(), 128).loss_scale
+  assert isinstance(fixed, tf_loss_scale.FixedLossScale)
+  assert float(fixed()) == 128.0
+  given = _dynamic(4.0)
+  assert LossScaleOptimizer(keras.optimizers.SGD(), given).loss_scale is given
+  from_dict = LossScaleOptimizer(
+      keras.optimizers.SGD(),
+      {'class_name': 'FixedLossScale', 'config': {'loss_scale_value': 3.0}})
+  assert float(from_dict.loss_scale()) == 3.0
+
+
+# ---- scaling --------------------------------------------------------------
+
+
+def test_get_scaled_loss_tensor_and_callable():
+  opt = LossScaleOptimizer(keras.optimizers.SGD(), 8)
+  scaled = opt.get_scaled_loss(tf.constant(1.25, tf.float16))
+  assert scaled.dtype == tf.float16 and float(scaled) == 10.0
+  scaled_fn = opt.get_scaled_loss(lambda: tf.constant(0.5))
+  assert callable(scaled_fn) and float(scaled_fn()) == 4.0
+
+
+def test_get_unscaled_gradients_keeps_none_dtype_and_sparsity():
+  opt = LossScaleOptimizer(keras.optimizers.SGD(), 4)
+  sparse = tf.IndexedSlices(tf.constant([[8.0, 4.0]]), tf.constant([1]),
+                            tf.constant([3, 2]))
+  grads = [tf.constant([2.0, 6.0], tf.float16), None, sparse]
+  unscaled = opt.get_unscaled_gradients(grads)
+  assert isinstance(unscaled, list) and unscaled is not grads
+  assert len(unscaled) == 3 and unscaled[1] is None
+  assert unscaled[0].dtype == tf.float16
+  assert unscaled[0].numpy().tolist() == [0.5, 1.5]
+  assert isinstance(unscaled[2], tf.IndexedSlices)
+  assert unscaled[2].values.numpy().tolist() == [[2.0, 1.0]]
+  assert unscaled[2].indices.numpy().tolist() == [1]
+
+
+# ---- the step (TF 2.3 semantics) -----------------------------------------
+
+
+@pytest.mark.parametrize('use_function', [False, True])
+def test_apply_gradients_trajectory_written_out(use_function):
+  # SGD(0.5, momentum 0.5) on v = [1, 2]; gradient g = [1, -1] unless inf.
+  # Dynamic scale 8, period 2. A skipped step changes no variable or slot,
+  # halves the scale and still counts in iterations (TF 2.3).
+  opt = LossScaleOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
+                           _dynamic(8.0, period=2))
+  var = keras.Variable([1.0, 2.0])
+
+  def step(bad):
+    grad = tf.where(bad, tf.constant([INF, 1.0]), tf.constant([1.0, -1.0]))
+    opt.apply_gradients([(grad, var)])
+
+  if use_function:
+    step = tf.function(step)
+  expected = [
+      # (bad, weights, momentum slot, scale, iterations)
+      (False, [0.5, 2.5], [-0.5, 0.5], 8.0, 1),
+      (True, [0.5, 2.5], [-0.5, 0.5], 4.0, 2),
+      (False, [-0.25, 3.25], [-0.75, 0.75], 4.0, 3),
+      (False, [-1.125, 4.125], [-0.875, 0.875], 8.0, 4),
+      (True, [-1.125, 4.125], [-0.875, 0.875], 4.0, 5),
+  ]
+  for i, (bad, weights, slot, scale, iterations) in enumerate(expected):
+    step(tf.constant(bad))
+    np.testing.assert_allclose(var.numpy(), weights,
+                               err_msg=f'step {i}: weights')
+    np.testing.assert_allclose(opt.get_slot(var, 'momentum').numpy(), slot,
+                               err_msg=f'step {i}: momentum slot')
+    assert float(opt.loss_scale()) == scale, f'step {i}: scale'
+    assert int(opt.iterations) == iterations, f'step {i}: iterations'
+
+
+def test_matches_keras_reference_weights_slots_and_scale():
+  # RMSprop does not read `iterations`, the one place the two differ (an
+  # Adam step after a skipped step sees a different bias correction).
+  ours = LossScaleOptimizer(keras.optimizers.RMSprop(0.01, momentum=0.5),
+                            _dynamic(32.0, 2))
+  reference = keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.RMSprop(0.01, momentum=0.5), initial_scale=32.0,
+      dynamic_growth_steps=2)
+  our_var = keras.Variable([1.0, -1.0, 0.5])
+  ref_var = keras.Variable([1.0, -1.0, 0.5])
+  reference.build([ref_var])
+  rng = np.random.default_rng(5)
+  for step in range(10):
+    grad = rng.normal(size=3).astype(np.float32)
+    if step in (3, 6):
+      grad[step % 3] = INF if step == 3 else NAN
+    ours.apply_gradients([(tf.constant(grad), our_var)])
+    reference.apply([tf.constant(grad) * reference.dynamic_scale], [ref_var])
+    np.testing.assert_allclose(our_var.numpy(), ref_var.numpy(), rtol=1e-6,
+                               err_msg=f'step {step}: weights')
+    for name in ('momentum', 'velocity'):
+      ref_slot = next(v for v in reference.inner_optimizer.variables
+                      if v.name.endswith(name))
+      np.testing.assert_allclose(ours.get_slot(our_var, name).numpy(),
+                                 ref_slot.numpy(), rtol=1e-6,
+                                 err_msg=f'step {step}: slot {name}')
+    assert float(ours.loss_scale()) == float(reference.dynamic_scale.numpy()), (
+        f'step {step}: scale')
+  # Documented difference: TF 2.3 counts skipped steps, Keras 3 does not.
+  assert int(ours.iterations) == 10
+  assert int(reference.iterations) == 8
+
+
+def test_fixed_loss_scale_never_skips():
+  opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), 128)
+  var = keras.Variable([1.0])
+  opt.apply_gradients([(tf.constant([INF]), var)])
+  assert var.numpy().tolist() == [-INF]
+  assert float(opt.loss_scale()) == 128.0 and int(opt.iterations) == 1
+
+
+def test_minimize_with_callable_and_with_tape():
+  for use_tape in (False, True):
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.25), _dynamic(1024.0))
+    var = keras.Variable([3.0])
+    loss_fn = lambda: tf.reduce_sum(var * var)  # pylint: disable=cell-var-from-loop
+    if use_tape:
+      with tf.GradientTape() as tape:
+        loss = loss_fn()
+      opt.minimize(loss, [var], tape=tape)
+    else:
+      opt.minimize(loss_fn, lambda: [var])  # pylint: disable=cell-var-from-loop
+    # gradient 2 * 3 = 6; 3 - 0.25 * 6 = 1.5
+    assert var.numpy().tolist() == [1.5], f'use_tape={use_tape}'
+  with pytest.raises(ValueError, match='tape'):
+    opt.minimize(tf.constant(1.0), [var])
+
+
+# ---- delegation ------------------------------------------------------------
+
+
+def test_learning_rate_lr_and_schedules_are_the_inner_optimizers():
+  inner = keras.optimizers.SGD(0.5)
+  opt = LossScaleOptimizer(inner, 'dynamic')
+  assert float(opt.learning_rate) == float(opt.lr) == 0.5
+  opt.lr = 0.25
+  assert float(inner.learning_rate) == 0.25
+  opt.learning_rate = 0.125
+  assert float(opt.lr) == 0.125
+  scheduled = LossScaleOptimizer(
+      keras.optimizers.SGD(
+          keras.optimizers.schedules.PiecewiseConstantDecay([0], [1.0, 0.5])),
+      1)
+  var = keras.Variable([0.0])
+  assert float(scheduled.lr) == 1.0
+  scheduled.apply_gradients([(tf.constant([1.0]), var)])
+  assert float(scheduled.learning_rate) == 0.5
+
+
+def test_iterations_can_be_read_and_set():
+  inner = keras.optimizers.SGD(0.5)
+  opt = LossScaleOptimizer(inner, 'dynamic')
+  assert opt.iterations is inner.iterations
+  opt.iterations = 7
+  assert int(inner.iterations) == 7
+
+
+def test_hyperparameters_are_read_and_written_on_the_inner_optimizer():
+  inner = keras.optimizers.Adam(beta_1=0.8)
+  opt = LossScaleOptimizer(inner, 'dynamic')
+  assert opt.beta_1 == 0.8
+  opt.beta_1 = 0.7
+  assert inner.beta_1 == 0.7 and 'beta_1' not in vars(opt)
+  with pytest.raises(AttributeError, match='no_such_thing'):
+    _ = opt.no_such_thing
+
+
+@pytest.mark.parametrize('name,value,grad,expected', [
+    ('clipvalue', 0.5, [0.25, 3.0], [-0.25, -0.5]),
+    ('clipnorm', 1.0, [3.0, 4.0], [-0.6, -0.8]),
+    ('global_clipnorm', 1.0, [3.0, 4.0], [-0.6, -0.8]),
+])
+def test_clipping_is_delegated_and_acts_on_unscaled_gradients(
+    name, value, grad, expected):
+  inner = keras.optimizers.SGD(1.0)
+  opt = LossScaleOptimizer(inner, 1024)
+  setattr(opt, name, value)
+  assert getattr(opt, name) == value == getattr(inner, name)
+  var = keras.Variable([0.0, 0.0])
+  # model.fit's flow: scale_loss, then scaled gradients to apply_gradients.
+  opt.scale_loss(tf.constant(1.0))
+  opt.apply_gradients([(tf.constant(grad) * 1024.0, var)])
+  np.testing.assert_allclose(var.numpy(), expected, rtol=1e-6)
+
+
+def test_non_finite_step_is_skipped_not_clipped():
+  opt = LossScaleOptimizer(keras.optimizers.SGD(1.0, global_clipnorm=1.0),
+                           _dynamic(8.0))
+  var = keras.Variable([1.0, 1.0])
+  opt.apply_gradients([(tf.constant([INF, 1.0]), var)])
+  assert var.numpy().tolist() == [1.0, 1.0]
+  assert float(opt.loss_scale()) == 4.0
+
+
+def test_slots_weights_and_variables():
+  inner = keras.optimizers.Adam(0.1)
+  opt = LossScaleOptimizer(inner, _dynamic(2.0))
+  var = keras.Variable([1.0, 2.0], name='w')
+  opt.apply_gradients([(tf.constant([1.0, 1.0]), var)])
+  assert opt.get_slot_names() == ['momentum', 'velocity']
+  np.testing.assert_allclose(opt.get_slot(var, 'momentum').numpy(),
+                             [0.1, 0.1], rtol=1e-6)
+  with pytest.raises(KeyError, match='nope'):
+    opt.get_slot(var, 'nope')
+  extra = opt.add_slot(var, 'extra', initializer='ones')
+  assert opt.get_slot(var, 'extra') is extra
+  assert extra.numpy().tolist() == [1.0, 1.0]
+  assert opt.weights == inner.variables
+  assert opt.variables == [opt.loss_scale.current_loss_scale,
+                           opt.loss_scale.good_steps] + inner.variables
+  values = opt.get_weights()
+  assert len(values) == len(inner.variables)
+  values[0] = np.array(42, np.int64)
+  opt.set_weights(values)
+  assert int(inner.iterations) == 42
+
+
+# ---- config, compile, fit, save -------------------------------------------
+
+
+def test_config_is_tf23_format_and_round_trips():
+  opt = LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.5),
+                           _dynamic(64.0, 10))
+  config = opt.get_config()
+  assert set(config) == {'optimizer', 'loss_scale'}
+  assert config['loss_scale'] == {
+      'class_name': 'DynamicLossScale',
+      'config': {'initial_loss_scale': 64.0, 'increment_period': 10,
+                 'multiplier': 2.0}}
+  assert config['optimizer']['class_name'] == 'SGD'
+  clone = LossScaleOptimizer.from_config(config)
+  assert clone.get_config() == config
+  fixed = LossScaleOptimizer(keras.optimizers.SGD(0.1), 12)
+  assert LossScaleOptimizer.from_config(
+      fixed.get_config()).get_config() == fixed.get_config()
+
+
+def test_from_config_accepts_tf23_style_optimizer_dict():
+  config = {
+      'optimizer': {'class_name': 'Adam',
+                    'config': {'learning_rate': 0.002, 'beta_1': 0.8}},
+      'loss_scale': {'class_name': 'DynamicLossScale',
+                     'config': {'initial_loss_scale': 128.0,
+                                'increment_period': 5, 'multiplier': 2.0}},
+  }
+  opt = LossScaleOptimizer.from_config(config)
+  assert isinstance(opt.inner_optimizer, keras.optimizers.Adam)
+  assert opt.beta_1 == 0.8
+  assert float(opt.loss_scale()) == 128.0
+
+
+def test_compile_under_mixed_float16_keeps_it_and_scales_loss_once():
+  keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    model = keras.Sequential([
+        keras.Input((2,)),
+        keras.layers.Dense(1, use_bias=False, kernel_initializer='ones')
+    ])
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), 1024)
+    model.compile(optimizer=opt, loss='mse')
+    assert model.optimizer is opt
+    model.fit(np.array([[1.0, 2.0]], np.float32),
+              np.array([[0.0]], np.float32), batch_size=1, verbose=0)
+  finally:
+    keras.mixed_precision.set_global_policy('float32')
+  # prediction 3, loss 9, gradient [6, 12]; one SGD(0.1) step.
+  np.testing.assert_allclose(model.layers[0].kernel.numpy().ravel(),
+                             [0.4, -0.2], rtol=1e-6)
+
+
+def test_fit_skips_an_overflowing_batch_and_counts_it(tmp_path):
+  model = keras.Sequential([
+      keras.Input((1,)),
+      keras.layers.Dense(1, use_bias=False, kernel_initializer='ones')
+  ])
+  opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), _dynamic(8.0))
+  model.compile(optimizer=opt, loss='mse')
+  x = np.array([[1.0], [1.0]], np.float32)
+  y = np.array([[INF], [0.0]], np.float32)
+  model.fit(x, y, batch_size=1, shuffle=False, verbose=0)
+  # Batch 0 is skipped; batch 1: gradient 2 * 1 * 1 = 2, 1 - 0.2.
+  np.testing.assert_allclose(model.layers[0].kernel.numpy(), [[0.8]])
+  assert float(opt.loss_scale()) == 4.0 and int(opt.iterations) == 2
+
+  path = str(tmp_path / 'model.keras')
+  model.save(path)
+  loaded = keras.models.load_model(path)
+  assert type(loaded.optimizer) is LossScaleOptimizer
+  assert loaded.optimizer.get_config() == opt.get_config()
+  assert float(loaded.optimizer.loss_scale()) == 4.0
+  assert int(loaded.optimizer.iterations) == 2
