@@ -219,7 +219,9 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
 
   Steps are counted by the hook (runs since the session started, plus the
   global step at that time), not read from the global step, because a
-  skipped step does not advance the global step.
+  skipped step does not advance the global step. Every `session.run` that
+  the hooks see counts, so run evaluation fetches without hooks, e.g. with
+  `session.run_step_fn(lambda ctx: ctx.session.run(fetches))`.
 
   ```python
   opt = tf_loss_scale.MixedPrecisionLossScaleOptimizer(opt, 'dynamic')

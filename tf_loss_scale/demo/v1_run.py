@@ -94,12 +94,12 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
           skipped.append(False)
         if probe is not None and (step % config.probe_every == 0 or
                                   step == config.steps - 1):
-          step_flushed, step_nonzero = session.run(probe)
+          step_flushed, step_nonzero = _run_without_hooks(session, probe)
           flushed += step_flushed
           nonzero += step_nonzero
         bar.update(step + 1)
       wall_time = time.perf_counter() - start
-      test_accuracy = float(session.run(accuracy))
+      test_accuracy = float(_run_without_hooks(session, accuracy))
     bar.close()
     writer.flush()
   return results_lib.RunResult(
@@ -156,6 +156,13 @@ def _probe(params: List[tf.Variable], digits: data_lib.Digits,
   return measure.flushed_counts(tf.gradients(mixed_loss, params),
                                 tf.gradients(_loss(params, x, y, tf.float32),
                                              params))
+
+
+def _run_without_hooks(session: tf.compat.v1.train.MonitoredSession,
+                       fetches):
+  # Probes and evaluation are not training steps: the hooks must not see them.
+  return session.run_step_fn(
+      lambda step_context: step_context.session.run(fetches))
 
 
 def _scalar(tag: str, value: float) -> tf.compat.v1.Summary:
