@@ -348,3 +348,16 @@ def test_fit_skips_an_overflowing_batch_and_counts_it(tmp_path):
   assert loaded.optimizer.get_config() == opt.get_config()
   assert float(loaded.optimizer.loss_scale()) == 4.0
   assert int(loaded.optimizer.iterations) == 2
+
+
+def test_every_method_of_the_keras_class_is_overridden():
+  keras_class = keras.optimizers.LossScaleOptimizer
+  for name, member in vars(keras_class).items():
+    if name.startswith('_') or not (callable(member) or isinstance(
+        member, (property, classmethod))):
+      continue
+    owner = next(c for c in LossScaleOptimizer.__mro__ if name in vars(c))
+    assert owner is not keras_class, f'{name} is inherited from Keras'
+  with pytest.raises(NotImplementedError, match='stateless_apply'):
+    LossScaleOptimizer(keras.optimizers.SGD(), 'dynamic').stateless_apply(
+        [], [], [])

@@ -105,6 +105,19 @@ class LossScaleOptimizer(wrapping.LossScaleOptimizerBase):
     with tf.name_scope(name or self.name):
       return super().apply_gradients(grads_and_vars)
 
+  def stateless_apply(self, optimizer_variables: Sequence[Any],
+                      grads: Sequence[Any],
+                      trainable_variables: Sequence[Any]) -> Any:
+    """Not offered: TF 2.3's optimizer had no stateless form.
+
+    Raises:
+      NotImplementedError: Always; `tf_loss_scale.keras.LossScaleOptimizer`
+        has `stateless_apply`.
+    """
+    raise NotImplementedError(
+        'The experimental LossScaleOptimizer has no stateless_apply(); use '
+        'tf_loss_scale.keras.LossScaleOptimizer.')
+
   def minimize(self, loss: gradients.Loss,
                var_list: Union[Sequence[Any], Callable[[], Sequence[Any]]],
                grad_loss: Optional[tf.Tensor] = None,

@@ -30,10 +30,6 @@ from tf_loss_scale import loss_scale as loss_scale_lib
 # take two steps per step and keep two loss scales.
 _WRAPPER_OF_INNER = weakref.WeakKeyDictionary()
 
-# Attributes that stay on the wrapper even when the inner optimizer has an
-# attribute of the same name; everything else public is delegated.
-_OWN_ATTRIBUTES = frozenset(['name', 'built'])
-
 
 class _InnerAttribute:
   """An attribute of the wrapper that is the inner optimizer's attribute."""
@@ -102,10 +98,13 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     return getattr(inner, name)
 
   def __setattr__(self, name: str, value: Any) -> None:
+    # A public attribute the wrapper does not have itself (its own were all
+    # set in __init__) but the inner optimizer has is a hyperparameter of
+    # the inner optimizer: write it there.
     inner = self.__dict__.get('inner_optimizer')
     if (inner is not None and not name.startswith('_') and
-        name not in _OWN_ATTRIBUTES and name not in self.__dict__ and
-        not hasattr(type(self), name) and hasattr(inner, name)):
+        name not in self.__dict__ and not hasattr(type(self), name) and
+        hasattr(inner, name)):
       setattr(inner, name, value)
       return
     super().__setattr__(name, value)
@@ -247,7 +246,8 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
           f'apply() got {len(grads)} gradients for '
           f'{len(trainable_variables)} variables.')
     if self._grads_are_scaled():
-      grads = unscale_for_variables(grads, trainable_variables, self._loss_scale())
+      grads = unscale_for_variables(grads, trainable_variables,
+                                    self._loss_scale())
     # The variables are the same objects on every replica, so they are
     # captured rather than passed through merge_call (which would turn them
     # into tensors in a tf.function).
@@ -286,7 +286,7 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
       tf.cond(should_apply, apply_step, self._on_skipped_step)
 
   def _grads_are_scaled(self) -> bool:
-    """Whether the gradients given to `apply` are still multiplied by the scale."""
+    """Whether the gradients given to `apply` are still multiplied."""
     raise NotImplementedError
 
   def _on_skipped_step(self) -> None:
