@@ -172,7 +172,7 @@ def test_minimize_with_callable_and_with_tape():
   for use_tape in (False, True):
     opt = LossScaleOptimizer(keras.optimizers.SGD(0.25), _dynamic(1024.0))
     var = keras.Variable([3.0])
-    loss_fn = lambda: tf.reduce_sum(var * var)  # pylint: disable=cell-var-from-loop
+    loss_fn = lambda v=var: tf.reduce_sum(v * v)
     if use_tape:
       with tf.GradientTape() as tape:
         loss = loss_fn()

@@ -269,7 +269,8 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     return self.iterations
 
   def _apply_if_finite(self, strategy: tf.distribute.Strategy,
-                       grads: List[Any], trainable_variables: List[Any]) -> None:
+                       grads: List[Any],
+                       trainable_variables: List[Any]) -> None:
     # The update op needs no explicit dependency: eagerly it has run, and in
     # a tf.function stateful ops run in program order.
     _, should_apply = self._loss_scale.update(grads)
@@ -309,11 +310,13 @@ def _check_inner_optimizer(inner_optimizer: Any) -> None:
   if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
     raise ValueError(
         'inner_optimizer is already a loss scale optimizer '
-        f'({type(inner_optimizer).__name__}); wrap the plain optimizer instead.')
+        f'({type(inner_optimizer).__name__}); wrap the plain optimizer '
+        'instead.')
   if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
     raise TypeError(
         'inner_optimizer must be a Keras 3 optimizer (keras.optimizers.*), '
-        f'but got {inner_optimizer!r} of type {type(inner_optimizer).__name__}.')
+        f'but got {inner_optimizer!r} of type '
+        f'{type(inner_optimizer).__name__}.')
   wrapper = _WRAPPER_OF_INNER.get(inner_optimizer)
   if wrapper is not None and wrapper() is not None:
     raise ValueError(
