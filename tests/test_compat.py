@@ -77,6 +77,7 @@ def test_install_is_idempotent_and_uninstall_removes_everything():
   compat.uninstall()
   assert not compat.is_installed()
   assert not hasattr(keras.mixed_precision, 'experimental')
+  assert not hasattr(tf.keras.mixed_precision, 'experimental')
   assert not hasattr(tf.train.experimental, 'DynamicLossScale')
   assert 'tensorflow.keras.mixed_precision.experimental' not in sys.modules
   assert 'tensorflow.mixed_precision.experimental' not in sys.modules

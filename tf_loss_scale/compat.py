@@ -15,6 +15,7 @@ Names TensorFlow still defines (the `tf.compat.v1` loss scale classes) are left
 alone unless `install(override=True)`.
 """
 
+import importlib
 import sys
 import types
 from typing import Any, Dict, List, Tuple
@@ -61,7 +62,8 @@ def install(override: bool = False) -> None:
       Policy=keras.mixed_precision.Policy,
       set_policy=keras.mixed_precision.set_global_policy,
       global_policy=keras.mixed_precision.global_policy)
-  _attach_module(keras.mixed_precision, 'experimental', keras_experimental)
+  for namespace in _keras_mixed_precision_modules():
+    _attach_module(namespace, 'experimental', keras_experimental)
 
   loss_scales = {name: getattr(tf_loss_scale, name) for name in _LOSS_SCALE_NAMES}
   for name, value in loss_scales.items():
@@ -102,6 +104,15 @@ def is_installed() -> bool:
   return bool(_installed or _installed_modules)
 
 
+def _keras_mixed_precision_modules() -> List[types.ModuleType]:
+  # `tf.keras.mixed_precision` and `keras.mixed_precision` can be distinct
+  # module objects (importing `tensorflow.keras.mixed_precision` creates its
+  # own), and legacy code reaches the name through either.
+  modules = [keras.mixed_precision,
+             importlib.import_module('tensorflow.keras.mixed_precision')]
+  return [m for i, m in enumerate(modules) if m not in modules[:i]]
+
+
 def _new_module(name: str, **attributes: Any) -> types.ModuleType:
   module = types.ModuleType(name, f'Legacy names installed by {__name__}.')
   module.__dict__.update(attributes)
@@ -113,8 +124,8 @@ def _attach_module(namespace: Any, name: str, module: types.ModuleType) -> None:
   if hasattr(namespace, name):
     return
   _replace(namespace, name, module)
-  _installed_modules[module.__name__] = sys.modules.get(module.__name__,
-                                                        _MISSING)
+  _installed_modules.setdefault(module.__name__,
+                                sys.modules.get(module.__name__, _MISSING))
   sys.modules[module.__name__] = module
 
 
