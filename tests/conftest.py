@@ -16,7 +16,11 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
-@pytest.fixture
+@pytest.fixture(scope='session')
 def mirrored_strategy():
-  """A MirroredStrategy over the two logical CPUs."""
+  """A MirroredStrategy over the two logical CPUs, one per test process.
+
+  A second MirroredStrategy in the same process breaks its collectives
+  ("Shape mismatch in the collective instance"), so every test shares one.
+  """
   return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
