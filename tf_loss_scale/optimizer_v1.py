@@ -160,6 +160,13 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     """Returns the names of the wrapped optimizer's slots."""
     return self._optimizer.get_slot_names()
 
+  def __dir__(self) -> List[str]:
+    # tf.train.Checkpoint (and SavedModel) collect slot variables from every
+    # object whose dir() lists get_slot_names. The slots belong to the wrapped
+    # optimizer and are saved under 'base_optimizer', as TensorFlow's wrapper
+    # saves them; listed here too they would be claimed twice and saving fails.
+    return [name for name in super().__dir__() if name != 'get_slot_names']
+
   def variables(self) -> List[tf.Variable]:
     """Returns the wrapped optimizer's variables followed by the loss scale's."""
     return self._optimizer.variables() + list(self._loss_scale.variables)
