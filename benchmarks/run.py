@@ -1,0 +1,222 @@
+"""Side-by-side step-time benchmark of loss scaling wrappers.
+
+Usage (from the repository root):
+
+  .venv/bin/python benchmarks/run.py            # full run, about 15 minutes
+  .venv/bin/python benchmarks/run.py --quick    # short run, a few minutes
+  .venv/bin/python benchmarks/run.py --modes graph --shapes 10x1M,200x1k
+
+For every mode and workload it builds the bare SGD step, ours and the
+reference wrapper in one process, times them interleaved, and prints the
+median step times, the overhead each wrapper adds over the bare step, and
+the ratio ours/reference against the target. Results go to
+benchmarks/results.json (or --json PATH).
+
+Modes: graph (tf.compat.v1 Session; v1 optimizers: bare
+GradientDescentOptimizer, ours MixedPrecisionLossScaleOptimizer, TensorFlow's
+tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer); function,
+jit and mirrored (Keras 3 optimizers: bare keras SGD, our
+tf_loss_scale.keras.LossScaleOptimizer, keras.optimizers.LossScaleOptimizer).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+# Two logical CPU devices for MirroredStrategy, configured before TensorFlow
+# initialises its devices (every mode runs in this one process).
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices('CPU')[0],
+    [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from benchmarks import memory  # pylint: disable=g-import-not-at-top
+from benchmarks import timing  # pylint: disable=g-import-not-at-top
+from benchmarks import variants  # pylint: disable=g-import-not-at-top
+from benchmarks import workloads  # pylint: disable=g-import-not-at-top
+
+# Ours may add at most this fraction of the reference wrapper's overhead.
+RATIO_TARGETS = {'graph': 0.75, 'function': 0.75, 'jit': 0.5, 'mirrored': None}
+# On the small CNN the wrapper's cost must vanish next to the convolutions.
+CNN_MAX_OVERHEAD = 0.03
+
+FAMILY_OF_MODE = {'graph': 'v1', 'function': 'keras', 'jit': 'keras',
+                  'mirrored': 'keras'}
+
+
+def _parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--quick', action='store_true',
+                      help='fewer repetitions, memory on 10x1M only')
+  parser.add_argument('--modes', default=','.join(variants.MODES))
+  parser.add_argument('--shapes', default=','.join(workloads.WORKLOADS))
+  parser.add_argument('--repetitions', type=int, default=None,
+                      help='timed blocks per variant (default 15, quick 5)')
+  parser.add_argument('--block-seconds', type=float, default=None,
+                      help='target length of one timed block (default 0.2, '
+                      'quick 0.08)')
+  parser.add_argument('--no-memory', action='store_true',
+                      help='skip the peak RSS child processes')
+  parser.add_argument('--json', default=os.path.join(
+      os.path.dirname(os.path.abspath(__file__)), 'results.json'))
+  parser.add_argument('--child', help=argparse.SUPPRESS)
+  return parser.parse_args(argv)
+
+
+_STRATEGY = []
+
+
+def _strategy_for(mode):
+  # One strategy for the whole process: collective ops of two
+  # MirroredStrategy instances would share instance keys and clash.
+  if mode != 'mirrored':
+    return None
+  if not _STRATEGY:
+    _STRATEGY.append(tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1']))
+  return _STRATEGY[0]
+
+
+def _run_child(spec):
+  """Builds and steps one variant, then prints its peak RSS as JSON."""
+  mode, family, variant, shape, steps = spec.split(':')
+  runner = variants.build(mode, family, variant, workloads.WORKLOADS[shape],
+                          _strategy_for(mode))
+  for _ in range(int(steps)):
+    runner.step()
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  print(json.dumps(memory.child_report(peak)))
+
+
+def _identical(a, b):
+  return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def _measure_row(mode, shape, args):
+  """Times bare, ours and the reference for one mode and workload."""
+  family = FAMILY_OF_MODE[mode]
+  names = list(variants.FAMILIES[family])
+  bare, ours, reference = names
+  strategy = _strategy_for(mode)
+  workload = workloads.WORKLOADS[shape]
+  runners = {n: variants.build(mode, family, n, workload, strategy)
+             for n in names}
+  for runner in runners.values():  # tracing, compilation, allocator warm-up
+    for _ in range(5):
+      runner.step()
+  block = timing.steps_per_block(runners[bare].step, args.block_seconds)
+  times = timing.interleaved({n: r.step for n, r in runners.items()},
+                             args.repetitions, block)
+  # Every variant ran the same number of steps from the same start.
+  values = {n: r.values() for n, r in runners.items()}
+  ours_over = timing.median_overhead(times[ours], times[bare])
+  ref_over = timing.median_overhead(times[reference], times[bare])
+  row = {
+      'mode': mode,
+      'shape': shape,
+      'family': family,
+      'reference': reference,
+      'steps_per_block': block,
+      'repetitions': args.repetitions,
+      'median_ms': {n: 1e3 * statistics.median(t) for n, t in times.items()},
+      'overhead': {ours: ours_over, reference: ref_over},
+      'ratio': ours_over / ref_over if ref_over > 0 else None,
+      'identical_to_reference': _identical(values[ours], values[reference]),
+  }
+  if shape == 'cnn':
+    row['target'] = f'ours <= +{CNN_MAX_OVERHEAD:.0%}'
+    row['met'] = ours_over <= CNN_MAX_OVERHEAD
+  elif RATIO_TARGETS[mode] is not None:
+    row['target'] = f'ratio <= {RATIO_TARGETS[mode]}'
+    row['met'] = row['ratio'] is not None and row['ratio'] <= RATIO_TARGETS[mode]
+  else:
+    row['target'] = 'none (reported)'
+    row['met'] = None
+  return row
+
+
+def _measure_memory(row, steps):
+  family, mode, shape = row['family'], row['mode'], row['shape']
+  row['peak_rss_mb'] = {
+      n: memory.peak_rss_mb(mode, family, n, shape, steps)
+      for n in variants.FAMILIES[family]
+  }
+
+
+def _format_table(rows):
+  header = (f"{'mode':9} {'shape':7} {'bare ms':>8} {'ours ms':>8} "
+            f"{'ref ms':>8} {'ours +%':>8} {'ref +%':>8} {'ratio':>6}  "
+            f"{'reference':9} {'target':16} {'met':4} {'same':4} "
+            f"{'RSS MB bare/ours/ref':>22}")
+  lines = [header, '-' * len(header)]
+  for r in rows:
+    bare, ours, ref = variants.FAMILIES[r['family']]
+    ms = r['median_ms']
+    ratio = '-' if r['ratio'] is None else f"{r['ratio']:.2f}"
+    met = {True: 'yes', False: 'NO', None: '-'}[r['met']]
+    rss = r.get('peak_rss_mb')
+    rss = '/'.join(f'{rss[n]:.0f}' for n in (bare, ours, ref)) if rss else '-'
+    lines.append(
+        f"{r['mode']:9} {r['shape']:7} {ms[bare]:8.3f} {ms[ours]:8.3f} "
+        f"{ms[ref]:8.3f} {100 * r['overhead'][ours]:+7.1f}% "
+        f"{100 * r['overhead'][ref]:+7.1f}% {ratio:>6}  {ref:9} "
+        f"{r['target']:16} {met:4} {'yes' if r['identical_to_reference'] else 'NO':4} "
+        f"{rss:>22}")
+  return '\n'.join(lines)
+
+
+def main(argv=None):
+  args = _parse_args(sys.argv[1:] if argv is None else argv)
+  if args.child:
+    _run_child(args.child)
+    return 0
+  if args.repetitions is None:
+    args.repetitions = 5 if args.quick else 15
+  if args.block_seconds is None:
+    args.block_seconds = 0.08 if args.quick else 0.2
+  rows = []
+  for mode in args.modes.split(','):
+    if not variants.family_available(FAMILY_OF_MODE[mode]):
+      print(f'skipping {mode}: tf_loss_scale.keras.LossScaleOptimizer missing')
+      continue
+    for shape in args.shapes.split(','):
+      row = _measure_row(mode, shape, args)
+      if not args.no_memory and (not args.quick or shape == '10x1M'):
+        _measure_memory(row, steps=20)
+      rows.append(row)
+      print(_format_table([row]).splitlines()[-1], flush=True)
+  print()
+  print(_format_table(rows))
+  report = {
+      'command': ' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+      'date': datetime.datetime.now().isoformat(timespec='seconds'),
+      'tensorflow': tf.__version__,
+      'keras': keras.__version__,
+      'python': platform.python_version(),
+      'cpus': os.cpu_count(),
+      'load_average': os.getloadavg(),
+      'timing': ('median over repetitions of per-step time of an interleaved '
+                 'block; overhead = median of paired (variant / bare - 1)'),
+      'memory': ('peak RSS (ru_maxrss) of a child process that builds one '
+                 'variant and runs 20 steps'),
+      'rows': rows,
+  }
+  with open(args.json, 'w') as f:
+    json.dump(report, f, indent=1)
+  print(f'\nwrote {args.json}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

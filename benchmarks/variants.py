@@ -1,0 +1,174 @@
+"""Builds one training step per (mode, optimizer variant, workload).
+
+A variant is one way of applying SGD: bare, wrapped by this library, or
+wrapped by a reference (TensorFlow's `tf.compat.v1` wrapper, Keras 3's
+`LossScaleOptimizer`). Every variant owns its variables, which start from the
+workload's initial values, so variants can be stepped in any interleaving.
+
+Modes:
+  graph: a `tf.compat.v1` graph run by a `tf.compat.v1.Session`.
+  function: a `tf.function`.
+  jit: a `tf.function(jit_compile=True)`.
+  mirrored: a `tf.function` running `strategy.run` on a MirroredStrategy
+    over two logical CPU devices.
+"""
+
+import dataclasses
+from typing import Callable, Dict, List, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tf_loss_scale
+from benchmarks.workloads import Workload
+
+LEARNING_RATE = 0.01
+INITIAL_SCALE = 2.0**15
+GROWTH_STEPS = 2000
+
+MODES = ('graph', 'function', 'jit', 'mirrored')
+
+
+@dataclasses.dataclass
+class Runner:
+  """A built variant.
+
+  Attributes:
+    step: Runs one training step.
+    values: Returns the current variable values as NumPy arrays.
+  """
+  step: Callable[[], None]
+  values: Callable[[], List[np.ndarray]]
+
+
+def _our_keras_class():
+  """Our Keras 3 LossScaleOptimizer, or None while it does not exist yet."""
+  try:
+    from tf_loss_scale import keras as ours_keras  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return getattr(ours_keras, 'LossScaleOptimizer', None)
+
+
+# Optimizer factories. v1 families use `tf.compat.v1` optimizers, Keras
+# families use Keras 3 optimizers; both wrap plain SGD.
+def _bare_v1():
+  return tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE)
+
+
+def _ours_v1():
+  return tf_loss_scale.MixedPrecisionLossScaleOptimizer(_bare_v1(), 'dynamic')
+
+
+def _tf_v1():
+  return tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+      _bare_v1(), 'dynamic')
+
+
+def _bare_keras():
+  return keras.optimizers.SGD(LEARNING_RATE)
+
+
+def _ours_keras():
+  return _our_keras_class()(
+      _bare_keras(), initial_scale=INITIAL_SCALE,
+      dynamic_growth_steps=GROWTH_STEPS)
+
+
+def _keras3():
+  return keras.optimizers.LossScaleOptimizer(
+      _bare_keras(), initial_scale=INITIAL_SCALE,
+      dynamic_growth_steps=GROWTH_STEPS)
+
+
+# family -> {variant name: optimizer factory}; the first variant is the bare
+# baseline, the second is ours, the third the reference we are measured by.
+FAMILIES = {
+    'v1': {'bare': _bare_v1, 'ours': _ours_v1, 'tf_v1': _tf_v1},
+    'keras': {'bare': _bare_keras, 'ours': _ours_keras, 'keras3': _keras3},
+}
+REFERENCE = {'v1': 'tf_v1', 'keras': 'keras3'}
+
+
+def family_available(family: str) -> bool:
+  return family != 'keras' or _our_keras_class() is not None
+
+
+def build(mode: str, family: str, variant: str, workload: Workload,
+          strategy: Optional[tf.distribute.Strategy] = None) -> Runner:
+  """Builds the training step of one variant.
+
+  Args:
+    mode: One of `MODES`.
+    family: 'v1' or 'keras'.
+    variant: A key of `FAMILIES[family]`.
+    workload: The model to train.
+    strategy: The MirroredStrategy, required for mode 'mirrored'.
+
+  Returns:
+    A `Runner`.
+  """
+  make_optimizer = FAMILIES[family][variant]
+  if mode == 'graph':
+    if family != 'v1':
+      raise ValueError('graph mode runs tf.compat.v1 optimizers only.')
+    return _graph_runner(workload, make_optimizer)
+  if mode == 'mirrored':
+    with strategy.scope():
+      return _function_runner(workload, family, make_optimizer, strategy,
+                              jit_compile=False)
+  return _function_runner(workload, family, make_optimizer, None,
+                          jit_compile=(mode == 'jit'))
+
+
+def _graph_runner(workload: Workload, make_optimizer) -> Runner:
+  graph = tf.Graph()
+  with graph.as_default():
+    variables = [tf.Variable(v) for v in workload.initial_values()]
+    train_op = make_optimizer().minimize(workload.loss(variables),
+                                         var_list=variables)
+    init_op = tf.compat.v1.global_variables_initializer()
+  session = tf.compat.v1.Session(graph=graph)
+  session.run(init_op)
+  return Runner(lambda: session.run(train_op),
+                lambda: session.run(variables))
+
+
+def _function_runner(workload: Workload, family: str, make_optimizer,
+                     strategy: Optional[tf.distribute.Strategy],
+                     jit_compile: bool) -> Runner:
+  if family == 'v1':
+    variables = [tf.Variable(v) for v in workload.initial_values()]
+    optimizer = make_optimizer()
+
+    def replica_step():
+      optimizer.minimize(lambda: workload.loss(variables), var_list=variables)
+  else:
+    variables = [keras.Variable(v) for v in workload.initial_values()]
+    optimizer = make_optimizer()
+    optimizer.build(variables)
+    scales = hasattr(optimizer, 'scale_loss')
+
+    def replica_step():
+      with tf.GradientTape() as tape:
+        loss = workload.loss(variables)
+        if scales:
+          loss = optimizer.scale_loss(loss)
+      grads = tape.gradient(loss, variables)
+      optimizer.apply(grads, variables)
+
+  if strategy is None:
+    step = tf.function(replica_step, jit_compile=jit_compile)
+  else:
+    step = tf.function(lambda: strategy.run(replica_step))
+
+  def values():
+    return [np.asarray(v.numpy() if hasattr(v, 'numpy') else v)
+            for v in variables]
+
+  return Runner(step, values)
+
+
+def variants_of(family: str) -> Dict[str, Callable]:
+  return FAMILIES[family]
