@@ -1,4 +1,4 @@
-"""Specification of tf_loss_scale/distribute.py under a real two-replica strategy.
+"""Specification of tf_loss_scale/distribute.py on two real replicas.
 
 The `mirrored_strategy` fixture (tests/conftest.py) runs two replicas on two
 logical CPUs. Gradients are made non-finite on one replica only, chosen by
@@ -70,8 +70,8 @@ def test_all_finite_on_every_replica_in_a_function(mirrored_strategy):
 
 def test_all_finite_on_every_replica_refuses_a_replica_context(
     mirrored_strategy):
-  with pytest.raises(RuntimeError,
-                     match='cross-replica context.*replica context.*merge_call'):
+  with pytest.raises(
+      RuntimeError, match='cross-replica context.*replica context.*merge_call'):
     mirrored_strategy.run(
         lambda: distribute.all_finite_on_every_replica([tf.constant(1.0)]))
 

@@ -145,7 +145,7 @@ def test_unscale_accepts_a_float16_scale():
 
 
 @pytest.mark.parametrize('values,dtype,expected', [
-    ([3e38, 3e38], np.float32, True),           # the sum overflows, values don't
+    ([3e38, 3e38], np.float32, True),    # the sum overflows, values don't
     ([3e38, 3e38, -3e38, -3e38, 1.0], np.float32, True),
     ([-3.4e38, -3.4e38], np.float32, True),
     ([60000.0, 60000.0], np.float16, True),     # float16 sum overflows

@@ -227,6 +227,9 @@ def test_dynamic_recovers_from_float32_max_on_overflow():
 
 def test_dynamic_defaults():
   loss_scale = tf_loss_scale.DynamicLossScale()
+  scale = loss_scale()
+  assert isinstance(scale, tf.Tensor)
+  assert scale.dtype == tf.float32 and scale.shape == ()
   assert loss_scale.initial_loss_scale == 2.0**15
   assert loss_scale.increment_period == 2000
   assert loss_scale.multiplier == 2.0
@@ -425,7 +428,7 @@ def test_dynamic_config_matches_tensorflow_and_round_trips():
   config = ours.get_config()
   assert config == TFDynamicLossScale(**arguments).get_config() == {
       'initial_loss_scale': 64.0, 'increment_period': 7, 'multiplier': 4.0}
-  assert type(config['increment_period']) is int  # pylint: disable=unidiomatic-typecheck
+  assert isinstance(config['increment_period'], int)
   restored = tf_loss_scale.DynamicLossScale.from_config(config)
   assert isinstance(restored, tf_loss_scale.DynamicLossScale)
   assert restored.get_config() == config
@@ -516,7 +519,7 @@ def test_serialize_and_deserialize_round_trip(loss_scale, expected):
   config = tf_loss_scale.serialize(loss_scale)
   assert config == expected
   restored = tf_loss_scale.deserialize(config)
-  assert type(restored) is type(loss_scale)  # pylint: disable=unidiomatic-typecheck
+  assert isinstance(restored, type(loss_scale))
   assert restored is not loss_scale
   assert restored.get_config() == loss_scale.get_config()
   assert float(restored()) == float(loss_scale())

@@ -1,4 +1,4 @@
-"""Specification of `MixedPrecisionLossScaleOptimizer` (tf_loss_scale/optimizer_v1.py).
+"""Specification of tf_loss_scale/optimizer_v1.py, the tf.compat.v1 wrapper.
 
 TensorFlow's own `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer`
 is the oracle: the same seeded sequences of finite, inf, NaN and scale-dependent
@@ -7,153 +7,20 @@ tf.function, and every step's loss scale, verdict, variables, slots and global
 step must be identical.
 """
 
-import re
-
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_loss_scale
+import v1_training
 
 INF, NAN = np.inf, np.nan
-MODES = ('graph', 'eager', 'function')
-OPTIMIZERS = {
-    'sgd': lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
-    'momentum': lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
-    'adam': lambda: tf.compat.v1.train.AdamOptimizer(0.01),
-}
 TF_V1 = tf.compat.v1.mixed_precision
-OURS = (tf_loss_scale.MixedPrecisionLossScaleOptimizer,
-        tf_loss_scale.DynamicLossScale, tf_loss_scale.FixedLossScale)
-THEIRS = (TF_V1.MixedPrecisionLossScaleOptimizer, TF_V1.DynamicLossScale,
-          TF_V1.FixedLossScale)
-EMBEDDING_IDS = [1, 3]
-
-
-class Model:
-  """A dense weight, an embedding read by tf.gather, and an unused weight."""
-
-  def __init__(self, dtype=tf.float32):
-    self.w = tf.Variable(tf.constant([0.5, -1.0, 2.0], dtype), name='w')
-    self.embedding = tf.Variable(
-        tf.constant(np.arange(10).reshape(5, 2) / 10, dtype), name='embedding')
-    self.unused = tf.Variable(tf.constant([1.0], dtype), name='unused')
-    self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                   name='global_step')
-
-  @property
-  def trainable(self):
-    return [self.w, self.embedding, self.unused]
-
-  def loss(self, x, y):
-    rows = tf.gather(self.embedding, EMBEDDING_IDS)
-    return tf.reduce_sum(self.w * x) + tf.reduce_sum(rows * y)
-
-
-def _random_steps(seed, count=16):
-  """Inputs `(x [3], y [2, 2])`; the gradients are x (for w) and y (rows).
-
-  About a quarter of the steps hold inf, -inf or NaN; another quarter hold
-  1e34, which overflows only at a loss scale of 2**16 or more.
-  """
-  rng = np.random.default_rng(seed)
-  steps = []
-  for _ in range(count):
-    x = rng.normal(size=3).astype(np.float32)
-    y = rng.normal(size=(2, 2)).astype(np.float32)
-    draw = rng.random()
-    if draw < 0.12:
-      x[rng.integers(3)] = rng.choice([INF, -INF, NAN])
-    elif draw < 0.24:
-      y[rng.integers(2), rng.integers(2)] = rng.choice([INF, NAN])
-    elif draw < 0.5:
-      x[rng.integers(3)] = 1e34
-    steps.append((x, y))
-  return steps
-
-
-def _state(model, optimizer):
-  """The variables to compare: model, global step, optimizer.variables().
-
-  Keys are stable across runs and implementations: the model's attribute
-  names, then each optimizer variable's position and base name, e.g.
-  '1:embedding/Momentum', without the numbered suffixes eager slot names get
-  or the cond scopes variables created in a tf.function's cond get.
-  """
-  state = {'w': model.w, 'embedding': model.embedding,
-           'unused': model.unused, 'global_step': model.global_step}
-  for index, variable in enumerate(optimizer.variables()):
-    base_name = re.sub(r'^(cond(_\d+)?/)+', '', variable.name)
-    base_name = re.sub(r'(_\d+)?:\d+$', '', base_name)
-    state[f'{index}:{base_name}'] = variable
-  return state
-
-
-def _named(record, base_name):
-  """The value of the optimizer variable called `base_name` in a record."""
-  values = [v for k, v in record.items() if k.split(':', 1)[-1] == base_name]
-  assert len(values) == 1, (base_name, sorted(record))
-  return values[0]
-
-
-def run_training(classes, make_inner, make_loss_scale, steps, mode):
-  """Trains `Model` with `minimize` on each step's inputs.
-
-  Args:
-    classes: `OURS` or `THEIRS`: (optimizer, dynamic, fixed) classes.
-    make_inner: Factory of the wrapped tf.compat.v1 optimizer.
-    make_loss_scale: Function of `classes` making the loss scale.
-    steps: A list of `(x, y)` inputs.
-    mode: 'graph', 'eager' or 'function'.
-
-  Returns:
-    One dict per step, from variable name to its value after the step.
-  """
-  records = []
-  if mode == 'graph':
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-      model = Model()
-      optimizer = classes[0](make_inner(), make_loss_scale(classes))
-      x = tf.compat.v1.placeholder(tf.float32, [3])
-      y = tf.compat.v1.placeholder(tf.float32, [2, 2])
-      train_op = optimizer.minimize(model.loss(x, y), var_list=model.trainable,
-                                    global_step=model.global_step)
-      state = _state(model, optimizer)
-      session.run(tf.compat.v1.global_variables_initializer())
-      for x_value, y_value in steps:
-        session.run(train_op, {x: x_value, y: y_value})
-        records.append(session.run(state))
-    return records
-  model = Model()
-  optimizer = classes[0](make_inner(), make_loss_scale(classes))
-
-  def step(x, y):
-    optimizer.minimize(lambda: model.loss(x, y), var_list=model.trainable,
-                       global_step=model.global_step)
-
-  if mode == 'function':
-    step = tf.function(step, input_signature=[
-        tf.TensorSpec([3], tf.float32), tf.TensorSpec([2, 2], tf.float32)])
-  for x_value, y_value in steps:
-    step(tf.constant(x_value), tf.constant(y_value))
-    records.append({name: v.numpy()
-                    for name, v in _state(model, optimizer).items()})
-  return records
-
-
-def assert_same_trajectory(ours, theirs):
-  for step, (mine, reference) in enumerate(zip(ours, theirs)):
-    assert sorted(mine) == sorted(reference), f'step {step}: variable names'
-    for name in reference:
-      np.testing.assert_array_equal(
-          mine[name], reference[name],
-          err_msg=f'step {step}: {name} differs (ours vs tensorflow)')
-  assert len(ours) == len(theirs)
-
-
-def _applied_steps(records):
-  steps = [int(r['global_step']) for r in records]
-  return [now > before for before, now in zip([0] + steps, steps)]
+MODES = v1_training.MODES
+OPTIMIZERS = v1_training.OPTIMIZERS
+OURS, THEIRS = v1_training.OURS, v1_training.THEIRS
+Model = v1_training.Model
 
 
 # --- Differential: ours against TensorFlow's, step by step --------------------
@@ -163,18 +30,17 @@ def _applied_steps(records):
 @pytest.mark.parametrize('optimizer_name,seed', [
     ('sgd', 1), ('momentum', 5), ('adam', 7)])
 def test_dynamic_matches_tensorflow_step_by_step(optimizer_name, seed, mode):
-  steps = _random_steps(seed)
+  steps = v1_training.random_steps(seed)
   make_loss_scale = lambda classes: classes[1](2.0**15, increment_period=2)
-  ours = run_training(OURS, OPTIMIZERS[optimizer_name], make_loss_scale,
-                      steps, mode)
-  theirs = run_training(THEIRS, OPTIMIZERS[optimizer_name], make_loss_scale,
-                        steps, mode)
-  assert_same_trajectory(ours, theirs)
+  make_inner = OPTIMIZERS[optimizer_name]
+  ours = v1_training.train(OURS, make_inner, make_loss_scale, steps, mode)
+  theirs = v1_training.train(THEIRS, make_inner, make_loss_scale, steps, mode)
+  v1_training.assert_same_trajectory(ours, theirs)
   # The sequence must exercise every branch: applied steps, skipped steps,
   # and skips caused by the scale itself (finite inputs that overflow). In a
   # tf.function Grappler folds `x * scale * (1 / scale)` to `x`, for
   # TensorFlow's class as for ours, so the float32 overflow never happens.
-  applied = _applied_steps(ours)
+  applied = v1_training.applied_steps(ours)
   assert any(applied) and not all(applied), applied
   finite_inputs = [np.all(np.isfinite(x)) and np.all(np.isfinite(y))
                    for x, y in steps]
@@ -184,22 +50,20 @@ def test_dynamic_matches_tensorflow_step_by_step(optimizer_name, seed, mode):
 
 @pytest.mark.parametrize('mode', MODES)
 def test_fixed_matches_tensorflow_and_never_skips(mode):
-  steps = [(x, y) for x, y in _random_steps(3, count=8)
+  steps = [(x, y) for x, y in v1_training.random_steps(3, count=8)
            if np.all(np.isfinite(x)) and np.all(np.isfinite(y))]
   make_loss_scale = lambda classes: classes[2](128)
-  ours = run_training(OURS, OPTIMIZERS['momentum'], make_loss_scale, steps,
-                      mode)
-  theirs = run_training(THEIRS, OPTIMIZERS['momentum'], make_loss_scale, steps,
-                        mode)
-  assert_same_trajectory(ours, theirs)
-  assert all(_applied_steps(ours))
+  make_inner = OPTIMIZERS['momentum']
+  ours = v1_training.train(OURS, make_inner, make_loss_scale, steps, mode)
+  theirs = v1_training.train(THEIRS, make_inner, make_loss_scale, steps, mode)
+  v1_training.assert_same_trajectory(ours, theirs)
+  assert all(v1_training.applied_steps(ours))
 
 
 # --- The wrapper --------------------------------------------------------------
 
 
 def test_wraps_only_v1_optimizers_naming_the_type():
-  import keras  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match='SGD'):
     tf_loss_scale.MixedPrecisionLossScaleOptimizer(keras.optimizers.SGD(),
                                                    'dynamic')
@@ -207,11 +71,10 @@ def test_wraps_only_v1_optimizers_naming_the_type():
     tf_loss_scale.MixedPrecisionLossScaleOptimizer('sgd', 'dynamic')
 
 
-@pytest.mark.parametrize('loss_scale,error', [
-    (None, ValueError), ('bogus', ValueError), ([2], ValueError),
-    (0.5, ValueError), (TF_V1.DynamicLossScale(), ValueError)])
-def test_refuses_a_missing_or_unrecognised_loss_scale(loss_scale, error):
-  with pytest.raises(error, match='loss.scale'):
+@pytest.mark.parametrize('loss_scale', [
+    None, 'bogus', [2], 0.5, TF_V1.DynamicLossScale()])
+def test_refuses_a_missing_or_unrecognised_loss_scale(loss_scale):
+  with pytest.raises(ValueError, match='loss.scale'):
     tf_loss_scale.MixedPrecisionLossScaleOptimizer(OPTIMIZERS['sgd'](),
                                                    loss_scale)
 
@@ -250,7 +113,7 @@ def test_variables_slots_and_slot_names_go_beyond_tensorflow():
       inner = OPTIMIZERS['momentum']()
       optimizer = classes[0](inner, classes[1](8))
       optimizer.minimize(model.loss(tf.ones([3]), tf.ones([2, 2])),
-                         var_list=model.trainable)
+                         var_list=model.weights)
       names[classes] = [v.name for v in optimizer.variables()]
       if classes is THEIRS:
         assert optimizer.get_slot_names() == []  # TensorFlow hides the slots
@@ -279,7 +142,7 @@ def test_variables_with_a_fixed_loss_scale_are_the_inner_ones():
     optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
         OPTIMIZERS['adam'](), 16)
     optimizer.minimize(model.loss(tf.ones([3]), tf.ones([2, 2])),
-                       var_list=model.trainable)
+                       var_list=model.weights)
     assert optimizer.variables() == optimizer.inner_optimizer.variables()
     assert len(optimizer.variables()) == 6  # two beta powers, m and v twice
 
@@ -331,7 +194,7 @@ def test_compute_gradients_scales_the_loss_and_passes_arguments_through():
     np.testing.assert_array_equal(session.run(w_grad), [2.0, 4.0, 6.0])
     values, indices = session.run([e_grad.values, e_grad.indices])
     np.testing.assert_array_equal(values, [[2.0, -2.0], [1.0, 0.5]])
-    np.testing.assert_array_equal(indices, EMBEDDING_IDS)
+    np.testing.assert_array_equal(indices, v1_training.EMBEDDING_IDS)
 
 
 @pytest.mark.parametrize('mode', ['eager', 'function'])
@@ -344,8 +207,8 @@ def test_compute_gradients_of_a_callable_loss(mode):
 
   def gradients():
     grads_and_vars = optimizer.compute_gradients(lambda: model.loss(x, y),
-                                                 var_list=model.trainable)
-    assert [v for _, v in grads_and_vars] == model.trainable
+                                                 var_list=model.weights)
+    assert [v for _, v in grads_and_vars] == model.weights
     assert grads_and_vars[2][0] is None
     assert isinstance(grads_and_vars[1][0], tf.IndexedSlices)
     sparse = grads_and_vars[1][0]
@@ -356,7 +219,7 @@ def test_compute_gradients_of_a_callable_loss(mode):
   w_grad, values, indices = gradients()
   np.testing.assert_array_equal(w_grad.numpy(), x.numpy())
   np.testing.assert_array_equal(values.numpy(), y.numpy())
-  np.testing.assert_array_equal(indices.numpy(), EMBEDDING_IDS)
+  np.testing.assert_array_equal(indices.numpy(), v1_training.EMBEDDING_IDS)
 
 
 def test_compute_gradients_eagerly_needs_a_callable():
@@ -365,7 +228,7 @@ def test_compute_gradients_eagerly_needs_a_callable():
       OPTIMIZERS['sgd'](), 'dynamic')
   with pytest.raises(RuntimeError, match='function'):
     optimizer.compute_gradients(model.loss(tf.ones([3]), tf.ones([2, 2])),
-                                var_list=model.trainable)
+                                var_list=model.weights)
 
 
 def test_float16_gradients_are_unscaled_in_float16():
@@ -375,7 +238,7 @@ def test_float16_gradients_are_unscaled_in_float16():
   x = tf.constant([1e-3, 0.5, -2.0], tf.float16)
   y = tf.constant([[3e-4, -1.0], [0.5, 8.0]], tf.float16)
   grads_and_vars = optimizer.compute_gradients(lambda: model.loss(x, y),
-                                               var_list=model.trainable)
+                                               var_list=model.weights)
   w_grad, sparse = grads_and_vars[0][0], grads_and_vars[1][0]
   assert w_grad.dtype == tf.float16
   assert isinstance(sparse, tf.IndexedSlices)
@@ -395,7 +258,7 @@ def test_float16_gradient_overflow_skips_the_step():
       OPTIMIZERS['sgd'](), tf_loss_scale.DynamicLossScale(2.0**15))
   x = tf.constant([4.0, 0.5, -2.0], tf.float16)  # 4 * 2**15 overflows float16
   optimizer.minimize(lambda: model.loss(x, tf.ones([2, 2], tf.float16)),
-                     var_list=model.trainable)
+                     var_list=model.weights)
   np.testing.assert_array_equal(model.w.numpy(), [0.5, -1.0, 2.0])
   assert float(optimizer.loss_scale()) == 2.0**14
 
@@ -414,7 +277,7 @@ def test_skipped_step_in_a_graph_changes_only_the_loss_scale():
         OPTIMIZERS['momentum'](), tf_loss_scale.DynamicLossScale(8))
     x = tf.compat.v1.placeholder(tf.float32, [3])
     train_op = optimizer.minimize(
-        model.loss(x, tf.ones([2, 2])), var_list=model.trainable,
+        model.loss(x, tf.ones([2, 2])), var_list=model.weights,
         global_step=model.global_step, name='train_step')
     assert isinstance(train_op, tf.Operation)
     assert train_op.name == 'train_step'
@@ -447,7 +310,7 @@ def test_skipped_step_changes_only_the_loss_scale(mode):
 
   def step(x):
     results.append(optimizer.minimize(
-        lambda: model.loss(x, tf.ones([2, 2])), var_list=model.trainable,
+        lambda: model.loss(x, tf.ones([2, 2])), var_list=model.weights,
         global_step=model.global_step))
 
   if mode == 'function':
@@ -516,7 +379,7 @@ def _mirrored_training(strategy, classes, bad_steps):
                  tf.constant([1.0, 2.0, 3.0]) * tf.cast(replica + 1,
                                                        tf.float32))
     optimizer.minimize(lambda: model.loss(x, tf.ones([2, 2])),
-                       var_list=model.trainable,
+                       var_list=model.weights,
                        global_step=model.global_step)
 
   @tf.function
@@ -529,7 +392,7 @@ def _mirrored_training(strategy, classes, bad_steps):
     step(tf.constant(replica), tf.constant(value))
     records.append({
         name: [np.asarray(v) for v in strategy.experimental_local_results(var)]
-        for name, var in _state(model, optimizer).items()})
+        for name, var in v1_training.state_variables(model, optimizer).items()})
   return records
 
 
@@ -553,8 +416,10 @@ def test_overflow_on_one_replica_skips_the_step_on_both(mirrored_strategy):
         np.testing.assert_allclose(record['w'][replica], w, rtol=1e-6,
                                    err_msg=where)
       assert record['global_step'][replica] == global_step, where
-      assert _named(record, 'current_loss_scale')[replica] == scale, where
-      assert _named(record, 'good_steps')[replica] == good_steps, where
+      assert v1_training.named(
+          record, 'current_loss_scale')[replica] == scale, where
+      assert v1_training.named(
+          record, 'good_steps')[replica] == good_steps, where
       for name, values in record.items():
         np.testing.assert_array_equal(
             values[replica], values[0],
