@@ -223,9 +223,11 @@ class DynamicLossScale(LossScale):
           'initial_loss_scale must be a finite positive number that fits in '
           f'float32, but got {initial_loss_scale!r}.')
     period = _whole_number('increment_period', increment_period)
-    if period < 1:
+    # The good-step count it is compared with is an int64 variable.
+    if not 1 <= period <= tf.int64.max:
       raise ValueError(
-          f'increment_period must be at least 1, but got {increment_period!r}.')
+          'increment_period must be an integer from 1 to 2**63 - 1, but got '
+          f'{increment_period!r}.')
     factor = _real_number('multiplier', multiplier)
     if not math.isfinite(factor) or factor <= 1:
       raise ValueError(
