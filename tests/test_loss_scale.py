@@ -452,6 +452,8 @@ def test_config_is_taken_from_the_arguments_not_the_state():
     (dict(initial_loss_scale='big'), TypeError, r"initial_loss_scale.*'big'"),
     (dict(increment_period=0), ValueError, r'increment_period.*\b0\b'),
     (dict(increment_period=-5), ValueError, r'increment_period.*-5'),
+    (dict(increment_period=2**63), ValueError,
+     r'increment_period.*9223372036854775808'),
     (dict(increment_period=2.5), TypeError, r'increment_period.*2\.5'),
     (dict(increment_period='10'), TypeError, r"increment_period.*'10'"),
     (dict(increment_period=None), TypeError, r'increment_period.*None'),
