@@ -7,6 +7,8 @@ tf.function, and every step's loss scale, verdict, variables, slots and global
 step must be identical.
 """
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -355,7 +357,7 @@ def test_apply_gradients_in_a_cross_replica_context_raises(mirrored_strategy):
 # --- Under MirroredStrategy ---------------------------------------------------
 
 
-def _mirrored_training(strategy, classes, bad_steps):
+def _mirrored_training(strategy, classes, bad_steps, mode='function'):
   """Trains with `minimize` on two replicas; one replica may overflow.
 
   Args:
@@ -363,36 +365,57 @@ def _mirrored_training(strategy, classes, bad_steps):
     classes: `OURS` or `THEIRS`.
     bad_steps: For each step, None or `(replica, value)`: that replica's
       gradient holds `value` (inf or NaN) in that step.
+    mode: 'function' (strategy.run in a tf.function) or 'graph' (in a TF1
+      session).
 
   Returns:
     One dict per step, from variable name to its per-replica values.
   """
-  with strategy.scope():
-    model = Model()
-    optimizer = classes[0](OPTIMIZERS['momentum'](),
-                           classes[1](16, increment_period=2))
+  graph = tf.Graph() if mode == 'graph' else None
+  with graph.as_default() if graph else contextlib.nullcontext():
+    with strategy.scope():
+      model = Model()
+      optimizer = classes[0](OPTIMIZERS['momentum'](),
+                             classes[1](16, increment_period=2))
 
-  def replica_step(bad_replica, bad_value):
-    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    x = tf.where(tf.equal(replica, bad_replica),
-                 tf.stack([1.0, bad_value, 1.0]),
-                 tf.constant([1.0, 2.0, 3.0]) * tf.cast(replica + 1,
-                                                       tf.float32))
-    optimizer.minimize(lambda: model.loss(x, tf.ones([2, 2])),
-                       var_list=model.weights,
-                       global_step=model.global_step)
+    def replica_step(bad_replica, bad_value):
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      x = tf.where(tf.equal(replica, bad_replica),
+                   tf.stack([1.0, bad_value, 1.0]),
+                   tf.constant([1.0, 2.0, 3.0]) * tf.cast(replica + 1,
+                                                         tf.float32))
+      return optimizer.minimize(lambda: model.loss(x, tf.ones([2, 2])),
+                                var_list=model.weights,
+                                global_step=model.global_step)
 
-  @tf.function
-  def step(bad_replica, bad_value):
-    strategy.run(replica_step, args=(bad_replica, bad_value))
+    def run_step(bad_replica, bad_value):
+      return strategy.group(strategy.run(replica_step,
+                                         args=(bad_replica, bad_value)))
 
-  records = []
-  for bad in bad_steps:
-    replica, value = bad if bad is not None else (-1, 0.0)
-    step(tf.constant(replica), tf.constant(value))
-    records.append({
-        name: [np.asarray(v) for v in strategy.experimental_local_results(var)]
-        for name, var in v1_training.state_variables(model, optimizer).items()})
+    if graph:
+      session = tf.compat.v1.Session(graph=graph)
+      inputs = (tf.compat.v1.placeholder(tf.int32, []),
+                tf.compat.v1.placeholder(tf.float32, []))
+      train_op = run_step(*inputs)
+      session.run(tf.compat.v1.global_variables_initializer())
+      step = lambda *values: session.run(train_op, dict(zip(inputs, values)))
+      read = session.run
+    else:
+
+      @tf.function
+      def step(*values):
+        run_step(*values)
+
+      read = lambda variables: tf.nest.map_structure(np.asarray, variables)
+    records = []
+    for bad in bad_steps:
+      step(*(bad if bad is not None else (-1, 0.0)))
+      state = v1_training.state_variables(model, optimizer)
+      records.append(read({
+          name: list(strategy.experimental_local_results(variable))
+          for name, variable in state.items()}))
+    if graph:
+      session.close()
   return records
 
 
@@ -432,11 +455,12 @@ def test_overflow_on_one_replica_skips_the_step_on_both(mirrored_strategy):
         err_msg=f'skipped steps changed {name} on replica 1')
 
 
-def test_mirrored_matches_tensorflow_step_by_step(mirrored_strategy):
+@pytest.mark.parametrize('mode', ['function', 'graph'])
+def test_mirrored_matches_tensorflow_step_by_step(mirrored_strategy, mode):
   bad_steps = [None, (1, INF), None, None, (0, NAN), (1, -INF), None, None,
                None]
-  ours = _mirrored_training(mirrored_strategy, OURS, bad_steps)
-  theirs = _mirrored_training(mirrored_strategy, THEIRS, bad_steps)
+  ours = _mirrored_training(mirrored_strategy, OURS, bad_steps, mode)
+  theirs = _mirrored_training(mirrored_strategy, THEIRS, bad_steps, mode)
   for step, (mine, reference) in enumerate(zip(ours, theirs)):
     assert sorted(mine) == sorted(reference), f'step {step}: variable names'
     for name in reference:
