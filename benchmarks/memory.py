@@ -2,7 +2,9 @@
 
 RSS cannot be attributed to one of several variants sharing a process, so
 each variant is built and stepped in a fresh child process, which reports
-its peak RSS (`ru_maxrss`): the TensorFlow runtime's own footprint plus the
+its peak RSS (`VmHWM` of /proc/self/status; not `ru_maxrss`, which Linux
+carries over from the parent through fork and exec): the TensorFlow
+runtime's own footprint plus the
 variant's variables, gradients and temporaries. Differences between variants
 of the same row are therefore what the wrappers add.
 """
@@ -41,6 +43,10 @@ def peak_rss_mb(mode: str, family: str, variant: str, shape: str,
   return json.loads(done.stdout.strip().splitlines()[-1])['peak_rss_mb']
 
 
-def child_report(peak_kib: int) -> Dict[str, float]:
-  """The JSON line a child prints (`ru_maxrss` is in KiB on Linux)."""
-  return {'peak_rss_mb': round(peak_kib / 1024.0, 1)}
+def child_report() -> Dict[str, float]:
+  """The JSON line a child prints: its own peak RSS in MiB."""
+  with open('/proc/self/status') as status:
+    for line in status:
+      if line.startswith('VmHWM:'):
+        return {'peak_rss_mb': round(int(line.split()[1]) / 1024.0, 1)}
+  raise RuntimeError('no VmHWM in /proc/self/status')

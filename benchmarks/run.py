@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 
@@ -95,8 +94,7 @@ def _run_child(spec):
                           _strategy_for(mode))
   for _ in range(int(steps)):
     runner.step()
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  print(json.dumps(memory.child_report(peak)))
+  print(json.dumps(memory.child_report()))
 
 
 def _identical(a, b):
@@ -208,7 +206,7 @@ def main(argv=None):
       'load_average': os.getloadavg(),
       'timing': ('median over repetitions of per-step time of an interleaved '
                  'block; overhead = median of paired (variant / bare - 1)'),
-      'memory': ('peak RSS (ru_maxrss) of a child process that builds one '
+      'memory': ('peak RSS (VmHWM) of a child process that builds one '
                  'variant and runs 20 steps'),
       'rows': rows,
   }
