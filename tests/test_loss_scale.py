@@ -61,11 +61,13 @@ def run_updates(make_loss_scale, steps, mode):
       scale = loss_scale()
       session.run(tf.compat.v1.global_variables_initializer())
       # A fixed scale's verdict is the Python True, nothing to fetch.
-      fetch = should_apply if isinstance(should_apply, tf.Tensor) else []
+      fetches = {'update': update_op}
+      if isinstance(should_apply, tf.Tensor):
+        fetches['verdict'] = should_apply
       for dense_value, sparse_value in steps:
-        _, verdict = session.run([update_op, fetch],
-                                 {dense: dense_value, sparse: sparse_value})
-        verdicts.append(bool(verdict if fetch != [] else should_apply))
+        fetched = session.run(fetches, {dense: dense_value,
+                                        sparse: sparse_value})
+        verdicts.append(bool(fetched.get('verdict', should_apply)))
         scales.append(float(session.run(scale)))
     return scales, verdicts
   loss_scale = make_loss_scale()
