@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tf_loss_scale import __main__ as cli
 from tf_loss_scale.demo import config as config_lib
+from tf_loss_scale.demo import keras_run
 from tf_loss_scale.demo import results as results_lib
 from tf_loss_scale.demo import runner
 
@@ -76,7 +77,10 @@ def _check_outputs(runs, out_dir, steps):
 @pytest.mark.parametrize('api, strategy', [
     ('v1', 'none'), ('v1', 'mirrored'), ('keras', 'none'),
     ('keras', 'mirrored')])
-def test_demo_runs_record_consistent_results(tmp_path, api, strategy):
+def test_demo_runs_record_consistent_results(tmp_path, monkeypatch,
+                                             mirrored_strategy, api, strategy):
+  # The process's one eager MirroredStrategy is the tests' shared one.
+  monkeypatch.setattr(keras_run, 'mirrored_strategy', lambda: mirrored_strategy)
   config = config_lib.DemoConfig(
       api=api, strategy=strategy, steps=STEPS, growth_steps=GROWTH_STEPS,
       initial_scale=INITIAL_SCALE, probe_every=10, out=str(tmp_path))

@@ -16,17 +16,6 @@ from tf_loss_scale import keras as tls_keras
 INF = float('inf')
 
 
-@pytest.fixture(scope='module')
-def mirrored_strategy():
-  """One MirroredStrategy over the two logical CPUs for the whole module.
-
-  Each MirroredStrategy numbers its collective ops from the same starting
-  key, and the process-wide collective executor remembers the shapes it saw
-  for a key, so a second strategy in one process can clash with the first.
-  """
-  return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
-
-
 def _ours(inner):
   return tls_keras.LossScaleOptimizer(inner, initial_scale=8.0)
 

@@ -1,6 +1,7 @@
 """One demo run with Keras 3: `model.fit` and `tf_loss_scale.keras.LossScaleOptimizer`."""
 
 import contextlib
+import functools
 import time
 from typing import Optional, TextIO
 
@@ -14,6 +15,20 @@ from tf_loss_scale.demo import data as data_lib
 from tf_loss_scale.demo import measure
 from tf_loss_scale.demo import report
 from tf_loss_scale.demo import results as results_lib
+
+
+@functools.lru_cache(maxsize=1)
+def mirrored_strategy() -> tf.distribute.MirroredStrategy:
+  """The process's one MirroredStrategy over the two logical CPUs.
+
+  TensorFlow numbers the collective ops of every eager MirroredStrategy from
+  the same keys, so a second strategy in one process can clash with the
+  first: all runs share this one.
+
+  Returns:
+    The strategy, created on first use.
+  """
+  return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
 
 
 def train(kind: str, name: str, config: config_lib.DemoConfig,
@@ -33,8 +48,7 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
   Returns:
     The run's `RunResult`.
   """
-  strategy = (tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
-              if config.strategy == 'mirrored' else None)
+  strategy = mirrored_strategy() if config.strategy == 'mirrored' else None
   policy = 'float32' if kind == config_lib.FLOAT32 else 'mixed_float16'
   with strategy.scope() if strategy else contextlib.nullcontext():
     model = _build_model(policy, config)
