@@ -242,17 +242,19 @@ def test_merge_to_cross_replica_sees_per_replica_values(mirrored_strategy):
   assert _local(mirrored_strategy, totals) == [3.0, 3.0]
 
 
-def test_call_for_each_replica_unpacks_per_replica_arguments(
-    mirrored_strategy):
-  seen = []
+@pytest.mark.parametrize('should_apply', [True, False])
+def test_apply_on_every_replica_if_applies_per_replica_or_skips_once(
+    mirrored_strategy, should_apply):
+  applied, skipped = [], []
 
-  def fn(value):
+  def apply_fn(value):
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    seen.append((int(replica), float(value)))
-    return tf.no_op()
+    applied.append((int(replica), float(value)))
 
   def merge_fn(strategy, value):
-    return distribute.call_for_each_replica(strategy, fn, value)
+    return distribute.apply_on_every_replica_if(
+        strategy, tf.constant(should_apply), apply_fn, (value,),
+        on_skip=lambda: skipped.append('skip'))
 
   def replica_fn():
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -260,8 +262,30 @@ def test_call_for_each_replica_unpacks_per_replica_arguments(
     return tf.distribute.get_replica_context().merge_call(merge_fn,
                                                           args=(value,))
 
-  mirrored_strategy.run(replica_fn)
-  assert sorted(seen) == [(0, 0.0), (1, 10.0)]
+  verdicts = _local(mirrored_strategy, mirrored_strategy.run(replica_fn))
+  assert verdicts and all(v == should_apply for v in verdicts), verdicts
+  if should_apply:
+    assert sorted(applied) == [(0, 0.0), (1, 10.0)] and not skipped
+  else:
+    assert applied == [] and skipped == ['skip']
+
+
+@pytest.mark.parametrize('should_apply', [True, False])
+def test_apply_on_every_replica_if_in_a_tf1_graph_runs_the_chosen_branch(
+    should_apply):
+  with tf.Graph().as_default():
+    applied = tf.Variable(0)
+    skipped = tf.Variable(0)
+    predicate = tf.compat.v1.placeholder(tf.bool, [])
+    verdict = distribute.apply_on_every_replica_if(
+        tf.distribute.get_strategy(), predicate,
+        lambda: applied.assign_add(1).op, (),
+        on_skip=lambda: skipped.assign_add(1).op)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      assert session.run(verdict, {predicate: should_apply}) == should_apply
+      assert session.run([applied, skipped]) == (
+          [1, 0] if should_apply else [0, 1])
 
 
 def test_check_strategy_supported_accepts_mirrored_and_no_strategy(

@@ -6,7 +6,7 @@ whether a step's gradients are finite, so all of them skip or apply together
 and their loss scales never drift apart.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, Union
 
 import tensorflow as tf
 
@@ -127,19 +127,44 @@ def merge_to_cross_replica(fn: Callable[..., Any], *args: Any) -> Any:
   return tf.distribute.get_replica_context().merge_call(fn, args=args)
 
 
-def call_for_each_replica(strategy: tf.distribute.Strategy,
-                          fn: Callable[..., Any], *args: Any) -> Any:
-  """Calls `fn(*args)` on every replica from the cross-replica context.
+def apply_on_every_replica_if(
+    strategy: tf.distribute.Strategy,
+    should_apply: Union[bool, tf.Tensor],
+    apply_fn: Callable[..., Any],
+    args: Sequence[Any],
+    on_skip: Callable[[], Any] = tf.no_op) -> Union[bool, tf.Tensor]:
+  """Applies a step on every replica, or skips it everywhere.
+
+  Runs in the cross-replica context: `apply_fn(*args)` on each replica
+  (per-replica arguments are unpacked per replica) when `should_apply`, and
+  `on_skip()` once otherwise.
+
+  Both branches return the verdict. A branch whose outputs match is one that
+  XLA can turn into selects and fuse with the rest of the step; a branch with
+  nothing to return stays a real conditional, which forces every gradient
+  into memory first.
 
   Args:
     strategy: The current strategy.
-    fn: The function to run on each replica.
-    *args: Its arguments; per-replica values are unpacked per replica.
+    should_apply: A bool scalar tensor, the same on every replica, or the
+      Python `True`.
+    apply_fn: Applies the step on one replica.
+    args: The arguments of `apply_fn`.
+    on_skip: Runs when the step is skipped.
 
   Returns:
-    The per-replica results, grouped into one op when they are ops.
+    Whether the step was applied: a bool tensor, or `True`. In a TF1 graph,
+    evaluating it runs the chosen branch.
   """
-  return strategy.group(strategy.extended.call_for_each_replica(fn, args=args))
+  def apply_step():
+    return _then(strategy.group(
+        strategy.extended.call_for_each_replica(apply_fn, args=tuple(args))),
+                 True)
+
+  if should_apply is True:
+    apply_step()
+    return True
+  return tf.cond(should_apply, apply_step, lambda: _then(on_skip(), False))
 
 
 def check_strategy_supported(where: str) -> None:
@@ -160,3 +185,11 @@ def check_strategy_supported(where: str) -> None:
         f'{where}: loss scaling is not supported under {name}. Use '
         'MirroredStrategy, MultiWorkerMirroredStrategy or no strategy.')
 
+
+def _then(done: Any, verdict: bool) -> tf.Tensor:
+  # Eagerly and in a tf.function, stateful ops run in program order; a TF1
+  # graph runs only what the returned tensor depends on.
+  if tf.compat.v1.executing_eagerly_outside_functions() or done is None:
+    return tf.constant(verdict)
+  with tf.control_dependencies([done]):
+    return tf.constant(verdict)

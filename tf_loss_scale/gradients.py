@@ -74,12 +74,17 @@ def unscale(grads: Any, scale: tf.Tensor) -> Any:
 def all_finite(grads: Any) -> tf.Tensor:
   """Tells whether every value of every gradient is finite.
 
-  Most steps have finite gradients, so the common case is made cheap: each
-  gradient is summed (one read, no temporary the size of the gradient) and the
-  sums are added; a finite total proves every value finite. Only when the total
-  is not finite, because a value is inf/NaN or because large finite values
-  overflowed the sum, is every value tested exactly. The answer is therefore
-  always exact.
+  The answer is always exact; how it is computed depends on where:
+  - In a TF1 graph (a `tf.compat.v1.Session`), where every op is scheduled on
+    its own and nothing fuses, the common case is made cheap: each gradient is
+    summed (one read, no temporary the size of the gradient) and a finite total
+    of the sums proves every value finite. Only when the total is not finite,
+    because a value is inf/NaN or because large finite values overflowed the
+    sum, does a `tf.cond` test every value.
+  - Eagerly and in a `tf.function`, every value is tested with no branch. A
+    `tf.function` may be compiled by XLA, which fuses a branch-free test into
+    the ops that produce the gradients, while a branch holding the gradients
+    would force them into memory and keep the whole step from fusing.
 
   Args:
     grads: A gradient or a nested structure of gradients; `None` entries are
@@ -91,6 +96,8 @@ def all_finite(grads: Any) -> tf.Tensor:
   values = dense_values(grads)
   if not values:
     return tf.constant(True)
+  if tf.compat.v1.executing_eagerly_outside_functions():
+    return _every_value_finite(values)
   total = tf.add_n([tf.cast(tf.reduce_sum(v), tf.float32) for v in values])
   return tf.cond(
       tf.math.is_finite(total),

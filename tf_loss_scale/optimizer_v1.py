@@ -142,15 +142,10 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
                        name: Optional[str]) -> Optional[tf.Operation]:
     update_op, should_apply = self._loss_scale.update(
         [g for g, _ in grads_and_vars])
-    name = name or self.get_name()
-
-    def apply_step():
-      return distribute.call_for_each_replica(
-          strategy, self._optimizer.apply_gradients, grads_and_vars,
-          global_step, name)
-
-    apply_op = tf.cond(should_apply, apply_step, tf.no_op)
-    return tf.group(apply_op, update_op, name=name)
+    applied = distribute.apply_on_every_replica_if(
+        strategy, should_apply, self._optimizer.apply_gradients,
+        (grads_and_vars, global_step, name or self.get_name()))
+    return tf.group(applied, update_op, name=name or self.get_name())
 
   def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:
     """Returns the wrapped optimizer's slot `name` for `var`, or None."""

@@ -274,17 +274,9 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     # The update op needs no explicit dependency: eagerly it has run, and in
     # a tf.function stateful ops run in program order.
     _, should_apply = self._loss_scale.update(grads)
-
-    def apply_step():
-      strategy.extended.call_for_each_replica(
-          self.inner_optimizer.apply, args=(grads, trainable_variables))
-
-    if should_apply is True:
-      apply_step()
-    else:
-      # A cross-replica cond: the inner optimizer's apply may merge_call,
-      # which a cond inside a replica context cannot contain.
-      tf.cond(should_apply, apply_step, self._on_skipped_step)
+    distribute.apply_on_every_replica_if(
+        strategy, should_apply, self.inner_optimizer.apply,
+        (grads, trainable_variables), on_skip=self._on_skipped_step)
 
   def _grads_are_scaled(self) -> bool:
     """Whether the gradients given to `apply` are still multiplied."""
