@@ -361,3 +361,29 @@ def test_every_method_of_the_keras_class_is_overridden():
   with pytest.raises(NotImplementedError, match='stateless_apply'):
     LossScaleOptimizer(keras.optimizers.SGD(), 'dynamic').stateless_apply(
         [], [], [])
+
+
+def test_object_checkpoint_saves_and_restores_slots_and_loss_scale(tmp_path):
+  # tf.train.Checkpoint must not claim the inner optimizer's slots twice
+  # (once through the wrapper's forwarded get_slot_names).
+  def make():
+    var = tf.Variable([1.0, 2.0])
+    opt = LossScaleOptimizer(keras.optimizers.Adam(0.1), _dynamic(8, 2))
+    return var, opt, tf.train.Checkpoint(var=var, optimizer=opt)
+
+  var, opt, checkpoint = make()
+  for grad in ([1.0, 1.0], [np.inf, 1.0], [0.5, -1.0]):
+    opt.apply_gradients([(tf.constant(grad), var)])
+  path = checkpoint.save(str(tmp_path / 'ckpt'))
+
+  restored_var, restored_opt, restored = make()
+  restored_opt.build([restored_var])
+  restored.restore(path).assert_existing_objects_matched()
+  assert restored_var.numpy().tolist() == var.numpy().tolist()
+  assert float(restored_opt.loss_scale()) == 4.0
+  assert int(restored_opt.loss_scale.good_steps.numpy()) == 1
+  assert int(restored_opt.iterations.numpy()) == 3
+  for name in ('momentum', 'velocity'):
+    np.testing.assert_array_equal(
+        restored_opt.get_slot(restored_var, name).numpy(),
+        opt.get_slot(var, name).numpy(), err_msg=name)

@@ -4,6 +4,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tf_loss_scale import checkpointing
 from tf_loss_scale import distribute
 from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
@@ -12,7 +13,8 @@ _V1Optimizer = tf.compat.v1.train.Optimizer
 GradsAndVars = Sequence[Tuple[Any, tf.Variable]]
 
 
-class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
+class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
+                                       _V1Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer` to train with a loss scale.
 
   `compute_gradients` multiplies the loss by the loss scale before
@@ -154,13 +156,6 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
   def get_slot_names(self) -> List[str]:
     """Returns the names of the wrapped optimizer's slots."""
     return self._optimizer.get_slot_names()
-
-  def __dir__(self) -> List[str]:
-    # tf.train.Checkpoint (and SavedModel) collect slot variables from every
-    # object whose dir() lists get_slot_names. The slots belong to the wrapped
-    # optimizer and are saved under 'base_optimizer', as TensorFlow's wrapper
-    # saves them; listed here too they would be claimed twice and saving fails.
-    return [name for name in super().__dir__() if name != 'get_slot_names']
 
   def variables(self) -> List[tf.Variable]:
     """Returns the wrapped optimizer's variables followed by the loss scale's."""

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import keras
 import tensorflow as tf
 
+from tf_loss_scale import checkpointing
 from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale.keras import wrapping
@@ -20,7 +21,8 @@ LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.experimental', name='LossScaleOptimizer')
-class LossScaleOptimizer(wrapping.LossScaleOptimizerBase):
+class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
+                         wrapping.LossScaleOptimizerBase):
   """Loss scaling around a Keras 3 optimizer, with TF 2.3's API.
 
   Custom loop (gradients are unscaled before `apply_gradients`, as in TF 2.3):
