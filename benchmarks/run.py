@@ -185,9 +185,6 @@ def main(argv=None):
     args.block_seconds = 0.08 if args.quick else 0.2
   rows = []
   for mode in args.modes.split(','):
-    if not variants.family_available(FAMILY_OF_MODE[mode]):
-      print(f'skipping {mode}: tf_loss_scale.keras.LossScaleOptimizer missing')
-      continue
     for shape in args.shapes.split(','):
       row = _measure_row(mode, shape, args)
       if not args.no_memory and (not args.quick or shape == '10x1M'):

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_loss_scale
+from tf_loss_scale import keras as ours_keras
 from benchmarks.workloads import Workload
 
 LEARNING_RATE = 0.01
@@ -40,15 +41,6 @@ class Runner:
   """
   step: Callable[[], None]
   values: Callable[[], List[np.ndarray]]
-
-
-def _our_keras_class():
-  """Our Keras 3 LossScaleOptimizer, or None while it does not exist yet."""
-  try:
-    from tf_loss_scale import keras as ours_keras  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return getattr(ours_keras, 'LossScaleOptimizer', None)
 
 
 # Optimizer factories. v1 families use `tf.compat.v1` optimizers, Keras
@@ -71,7 +63,7 @@ def _bare_keras():
 
 
 def _ours_keras():
-  return _our_keras_class()(
+  return ours_keras.LossScaleOptimizer(
       _bare_keras(), initial_scale=INITIAL_SCALE,
       dynamic_growth_steps=GROWTH_STEPS)
 
@@ -89,10 +81,6 @@ FAMILIES = {
     'keras': {'bare': _bare_keras, 'ours': _ours_keras, 'keras3': _keras3},
 }
 REFERENCE = {'v1': 'tf_v1', 'keras': 'keras3'}
-
-
-def family_available(family: str) -> bool:
-  return family != 'keras' or _our_keras_class() is not None
 
 
 def build(mode: str, family: str, variant: str, workload: Workload,
