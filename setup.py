@@ -17,7 +17,8 @@ setuptools.setup(
         'numpy',
     ],
     extras_require={
-        'test': ['pytest'],
+        # The tests run the demo too.
+        'test': ['pytest', 'scikit-learn', 'matplotlib'],
         'demo': ['scikit-learn', 'matplotlib'],
     },
     entry_points={

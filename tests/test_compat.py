@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -84,13 +85,15 @@ def test_install_is_idempotent_and_uninstall_removes_everything():
 
 
 def test_legacy_tf23_script_runs_unmodified_after_install(installed):
+  keras.utils.set_random_seed(0)
   script_globals = runpy.run_path(_LEGACY_SCRIPT)
   optimizer = script_globals['optimizer']
   losses = script_globals['losses']
   assert isinstance(optimizer, experimental.LossScaleOptimizer)
   assert isinstance(optimizer.loss_scale, tf_loss_scale.DynamicLossScale)
   assert len(losses) == 24
-  assert losses[-1] < losses[0], f'loss did not decrease: {losses}'
+  first_epoch, last_epoch = np.mean(losses[:8]), np.mean(losses[-8:])
+  assert last_epoch < first_epoch, f'loss did not decrease: {losses}'
   # 24 finite steps (3 epochs of 8 batches) at period 10 double the initial
   # 256 twice and leave 4 good steps counted.
   assert float(optimizer.loss_scale()) == 1024.0
