@@ -167,3 +167,27 @@ def test_dynamic_loss_scale_checkpoint_keys_match_tensorflow(tmp_path):
       'loss_scale/good_steps/.ATTRIBUTES/VARIABLE_VALUE': [],
       'save_counter/.ATTRIBUTES/VARIABLE_VALUE': [],
   }
+
+
+def test_saved_model_of_a_function_updating_the_loss_scale(tmp_path):
+  # The skip counter is kept out of checkpoints, but a SavedModel must track
+  # every variable its functions capture.
+  class Trainer(tf.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.loss_scale = tf_loss_scale.DynamicLossScale(
+          initial_loss_scale=8, increment_period=2)
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+    def step(self, grad):
+      self.loss_scale.update([grad])
+      return self.loss_scale()
+
+  trainer = Trainer()
+  trainer.step(tf.constant(1.0))
+  tf.saved_model.save(trainer, str(tmp_path))
+  loaded = tf.saved_model.load(str(tmp_path))
+  # Saved after one good step at 8: one more doubles it, an inf halves it.
+  assert float(loaded.step(tf.constant(1.0))) == 16.0
+  assert float(loaded.step(tf.constant(float('inf')))) == 8.0

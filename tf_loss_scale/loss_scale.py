@@ -267,6 +267,15 @@ class DynamicLossScale(LossScale):
     """
     return self._skip_counter.read()
 
+  def _trackable_children(self, save_type='checkpoint', **kwargs):
+    # A SavedModel must track every variable its functions capture, the skip
+    # counter included; checkpoints must not see it, or they would stop
+    # interchanging with TensorFlow's own DynamicLossScale.
+    children = super()._trackable_children(save_type, **kwargs)
+    if getattr(save_type, 'value', save_type) == 'savedmodel':
+      children['skipped_steps'] = self._skip_counter.variable
+    return children
+
   def __call__(self) -> tf.Tensor:
     return tf.convert_to_tensor(self.current_loss_scale)
 
@@ -431,9 +440,9 @@ class _SkipCounter:
 
   def __init__(self):
     if tf.compat.v1.executing_eagerly_outside_functions():
-      self._variable = _state_variable('skipped_steps', 0, tf.int64)
+      self.variable = _state_variable('skipped_steps', 0, tf.int64)
     else:
-      self._variable = tf.compat.v1.Variable(
+      self.variable = tf.compat.v1.Variable(
           0, name='skipped_steps', dtype=tf.int64, trainable=False,
           collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
           use_resource=True, synchronization=tf.VariableSynchronization.AUTO,
@@ -442,19 +451,19 @@ class _SkipCounter:
   def add(self, skipped: tf.Tensor) -> Any:
     increment = tf.cast(skipped, tf.int64)
     if tf.compat.v1.executing_eagerly_outside_functions():
-      return self._variable.assign_add(increment)
+      return self.variable.assign_add(increment)
     return tf.cond(self._initialized(),
-                   lambda: self._variable.assign_add(increment),
-                   lambda: self._variable.assign(increment))
+                   lambda: self.variable.assign_add(increment),
+                   lambda: self.variable.assign(increment))
 
   def read(self) -> tf.Tensor:
     if tf.compat.v1.executing_eagerly_outside_functions():
-      return tf.identity(self._variable)
-    return tf.cond(self._initialized(), lambda: tf.identity(self._variable),
+      return tf.identity(self.variable)
+    return tf.cond(self._initialized(), lambda: tf.identity(self.variable),
                    lambda: tf.constant(0, tf.int64))
 
   def _initialized(self) -> tf.Tensor:
-    return tf.compat.v1.is_variable_initialized(self._variable)
+    return tf.compat.v1.is_variable_initialized(self.variable)
 
 
 def _real_number(name: str, value: Any) -> float:
