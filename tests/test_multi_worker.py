@@ -1,4 +1,5 @@
-"""Loss scaling under MultiWorkerMirroredStrategy, two processes on 127.0.0.1."""
+"""Loss scaling across processes on 127.0.0.1: MultiWorkerMirroredStrategy
+with two worker processes, and the refusal of ParameterServerStrategy."""
 
 import json
 import os
@@ -8,6 +9,8 @@ import sys
 
 _WORKER = os.path.join(os.path.dirname(__file__), 'workers',
                        'multi_worker_training.py')
+_PARAMETER_SERVER = os.path.join(os.path.dirname(__file__), 'workers',
+                                 'parameter_server_refusal.py')
 
 # Per step: which worker sees inf (-1: none), then the expected state after it.
 # SGD(0.5) on sum(v * x) with x = 1 on both workers: an applied step moves
@@ -61,3 +64,17 @@ def test_one_workers_overflow_makes_every_worker_skip_and_agree():
       assert record['variable'] == variable, where
       assert record['scale'] == scale, where
       assert record['good_steps'] == good_steps, where
+
+
+def test_parameter_server_strategy_is_refused_at_construction_and_apply():
+  result = subprocess.run([sys.executable, _PARAMETER_SERVER],
+                          capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=''))
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = [l for l in result.stdout.splitlines() if ': ' in l]
+  attempts = [l.split(': ')[0] for l in lines]
+  assert attempts == ['keras construction', 'keras apply',
+                      'experimental construction', 'experimental apply']
+  for line in lines:
+    assert 'ValueError: ' in line, line
+    assert 'not supported under ParameterServerStrategy' in line, line
