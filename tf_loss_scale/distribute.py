@@ -49,9 +49,8 @@ def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
     return gradients.all_finite(grads)
   require_cross_replica_context('Deciding whether gradients are finite')
   strategy = tf.distribute.get_strategy()
-  non_finite = strategy.extended.call_for_each_replica(
-      lambda g: tf.cast(tf.logical_not(gradients.all_finite(g)), tf.float32),
-      args=(grads,))
+  non_finite = strategy.extended.call_for_each_replica(_non_finite,
+                                                      args=(grads,))
   return tf.equal(
       strategy.reduce(tf.distribute.ReduceOp.SUM, non_finite, axis=None), 0.0)
 
@@ -73,9 +72,8 @@ def all_finite_in_any_context(grads: Any) -> tf.Tensor:
   """
   if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
     return all_finite_on_every_replica(grads)
-  non_finite = tf.cast(tf.logical_not(gradients.all_finite(grads)), tf.float32)
   total = tf.distribute.get_replica_context().all_reduce(
-      tf.distribute.ReduceOp.SUM, non_finite)
+      tf.distribute.ReduceOp.SUM, _non_finite(grads))
   return tf.equal(total, 0.0)
 
 
@@ -184,6 +182,11 @@ def check_strategy_supported(where: str) -> None:
     raise ValueError(
         f'{where}: loss scaling is not supported under {name}. Use '
         'MirroredStrategy, MultiWorkerMirroredStrategy or no strategy.')
+
+
+def _non_finite(grads: Any) -> tf.Tensor:
+  # One replica's verdict as a number, so that replicas can sum them.
+  return tf.cast(tf.logical_not(gradients.all_finite(grads)), tf.float32)
 
 
 def _then(done: Any, verdict: bool) -> tf.Tensor:
