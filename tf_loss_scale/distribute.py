@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence, Union
 
 import tensorflow as tf
 
+from tf_loss_scale import execution
 from tf_loss_scale import gradients
 
 
@@ -192,7 +193,7 @@ def _non_finite(grads: Any) -> tf.Tensor:
 def _then(done: Any, verdict: bool) -> tf.Tensor:
   # Eagerly and in a tf.function, stateful ops run in program order; a TF1
   # graph runs only what the returned tensor depends on.
-  if tf.compat.v1.executing_eagerly_outside_functions() or done is None:
+  if not execution.in_tf1_graph() or done is None:
     return tf.constant(verdict)
   with tf.control_dependencies([done]):
     return tf.constant(verdict)

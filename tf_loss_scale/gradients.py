@@ -10,6 +10,8 @@ from typing import Any, Callable, List, Union
 
 import tensorflow as tf
 
+from tf_loss_scale import execution
+
 Loss = Union[tf.Tensor, Callable[[], tf.Tensor]]
 
 
@@ -96,7 +98,7 @@ def all_finite(grads: Any) -> tf.Tensor:
   values = dense_values(grads)
   if not values:
     return tf.constant(True)
-  if tf.compat.v1.executing_eagerly_outside_functions():
+  if not execution.in_tf1_graph():
     return _every_value_finite(values)
   total = tf.add_n([tf.cast(tf.reduce_sum(v), tf.float32) for v in values])
   return tf.cond(

@@ -29,6 +29,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import tensorflow as tf
 
 from tf_loss_scale import distribute
+from tf_loss_scale import execution
 
 _FLOAT32_MAX = float(tf.float32.max)
 
@@ -163,7 +164,7 @@ class FixedLossScale(LossScale):
       `(no_op, True)` in graph mode, `(None, True)` eagerly.
     """
     del grads
-    return _op_in_graph_mode(tf.no_op), True
+    return execution.op_in_graph_mode(tf.no_op), True
 
   def __repr__(self) -> str:
     return f'FixedLossScale({self._loss_scale_value})'
@@ -310,7 +311,7 @@ class DynamicLossScale(LossScale):
     new_scale, new_good_steps = next_dynamic_state(
         self.current_loss_scale, self.good_steps, grads_finite,
         self._increment_period, self._multiplier)
-    return _op_in_graph_mode(lambda: tf.group(
+    return execution.op_in_graph_mode(lambda: tf.group(
         self.current_loss_scale.assign(new_scale),
         self.good_steps.assign(new_good_steps),
         self._skip_counter.add(tf.logical_not(grads_finite))))
@@ -413,12 +414,6 @@ def deserialize(config: Dict[str, Any]) -> LossScale:
   return loss_scale_class.from_config(config['config'])
 
 
-def _op_in_graph_mode(make_op) -> Optional[tf.Operation]:
-  """Runs `make_op`; returns its op when building a graph, None eagerly."""
-  op = make_op()
-  return None if tf.executing_eagerly() else op
-
-
 def _state_variable(name: str, initial_value: Any, dtype: tf.DType) -> tf.Variable:
   return tf.Variable(
       initial_value,
@@ -439,28 +434,28 @@ class _SkipCounter:
   """
 
   def __init__(self):
-    if tf.compat.v1.executing_eagerly_outside_functions():
-      self.variable = _state_variable('skipped_steps', 0, tf.int64)
-    else:
+    if execution.in_tf1_graph():
       self.variable = tf.compat.v1.Variable(
           0, name='skipped_steps', dtype=tf.int64, trainable=False,
           collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
           use_resource=True, synchronization=tf.VariableSynchronization.AUTO,
           aggregation=tf.VariableAggregation.NONE)
+    else:
+      self.variable = _state_variable('skipped_steps', 0, tf.int64)
 
   def add(self, skipped: tf.Tensor) -> Any:
     increment = tf.cast(skipped, tf.int64)
-    if tf.compat.v1.executing_eagerly_outside_functions():
-      return self.variable.assign_add(increment)
-    return tf.cond(self._initialized(),
-                   lambda: self.variable.assign_add(increment),
-                   lambda: self.variable.assign(increment))
+    if execution.in_tf1_graph():
+      return tf.cond(self._initialized(),
+                     lambda: self.variable.assign_add(increment),
+                     lambda: self.variable.assign(increment))
+    return self.variable.assign_add(increment)
 
   def read(self) -> tf.Tensor:
-    if tf.compat.v1.executing_eagerly_outside_functions():
-      return tf.identity(self.variable)
-    return tf.cond(self._initialized(), lambda: tf.identity(self.variable),
-                   lambda: tf.constant(0, tf.int64))
+    if execution.in_tf1_graph():
+      return tf.cond(self._initialized(), lambda: tf.identity(self.variable),
+                     lambda: tf.constant(0, tf.int64))
+    return tf.identity(self.variable)
 
   def _initialized(self) -> tf.Tensor:
     return tf.compat.v1.is_variable_initialized(self.variable)
