@@ -5,6 +5,7 @@ was, rebuilt on Keras 3 optimizers so that code written for TF 2.0-2.3 runs.
 """
 
 import copy
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import keras
@@ -63,6 +64,9 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
         wrapped, or `loss_scale` is None or not one of the above.
     """
     super().__init__(optimizer, _loss_scale_from(loss_scale))
+    # Whether scale_loss ran on this thread since the last apply: see
+    # _grads_are_scaled.
+    self._scaled_loss_pending = threading.local()
 
   @property
   def iterations(self) -> Any:
@@ -73,8 +77,29 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
   def iterations(self, value: Any) -> None:
     self.inner_optimizer.iterations.assign(value)
 
+  def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    """Scales a loss whose gradients then reach `apply_gradients` scaled.
+
+    This is the hook Keras 3's `Model.fit` calls before differentiating; a
+    TF 2.3-style loop calls `get_scaled_loss` and unscales the gradients
+    itself instead.
+
+    Args:
+      loss: A loss tensor or a zero-argument callable returning one.
+
+    Returns:
+      The scaled loss (or callable).
+    """
+    self._scaled_loss_pending.value = True
+    return super().scale_loss(loss)
+
   def _grads_are_scaled(self) -> bool:
-    return self._take_scaled_loss_pending()
+    # Keras 3's Model.fit calls scale_loss and then apply_gradients on the
+    # same thread (one thread per replica under MirroredStrategy); a TF 2.3
+    # loop never calls scale_loss and passes unscaled gradients.
+    pending = getattr(self._scaled_loss_pending, 'value', False)
+    self._scaled_loss_pending.value = False
+    return pending
 
   def _on_skipped_step(self) -> None:
     self.inner_optimizer.iterations.assign_add(1)

@@ -15,7 +15,6 @@ the loss a second time. Every method of that class is overridden here, so
 none of its computation runs.
 """
 
-import threading
 import weakref
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
@@ -83,7 +82,6 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name)
     self.inner_optimizer = inner_optimizer
     self._loss_scale = loss_scale
-    self._scaled_loss_pending = threading.local()
     _WRAPPER_OF_INNER[inner_optimizer] = weakref.ref(self)
 
   # ---- delegation to the inner optimizer --------------------------------
@@ -194,7 +192,6 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     Returns:
       The scaled loss (or callable).
     """
-    self._scaled_loss_pending.value = True
     return self.get_scaled_loss(loss)
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
@@ -285,17 +282,6 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
   def _on_skipped_step(self) -> None:
     """Runs in the cross-replica context when a step is skipped."""
     return None
-
-  def _take_scaled_loss_pending(self) -> bool:
-    """Returns and clears whether `scale_loss` ran on this thread.
-
-    Keras 3's `Model.fit` calls `scale_loss` and then `apply_gradients` on
-    the same thread (one thread per replica under MirroredStrategy), so this
-    tells `apply_gradients` whether the gradients it gets are scaled.
-    """
-    pending = getattr(self._scaled_loss_pending, 'value', False)
-    self._scaled_loss_pending.value = False
-    return pending
 
 
 def _check_inner_optimizer(inner_optimizer: Any) -> None:
