@@ -153,9 +153,7 @@ class LossScaleCallback(keras.callbacks.Callback):
       TypeError: If `loss_scale` is given and is not a `LossScale`.
     """
     super().__init__()
-    if update_freq != 'epoch' and (isinstance(update_freq, bool) or
-                                   not isinstance(update_freq, int) or
-                                   update_freq < 1):
+    if update_freq != 'epoch' and not _is_positive_int(update_freq):
       raise ValueError(
           "update_freq must be 'epoch' or a positive int, but got "
           f'{update_freq!r}.')
@@ -247,8 +245,7 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
       TypeError: If `source` holds no `LossScale`.
       ValueError: If `every_n_steps` is not a positive int.
     """
-    if (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
-        or every_n_steps < 1):
+    if not _is_positive_int(every_n_steps):
       raise ValueError(
           f'every_n_steps must be a positive int, but got {every_n_steps!r}.')
     self._loss_scale = find_loss_scale(source)
@@ -299,3 +296,8 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
           for key, tag in TAGS.items()
       ])
       self._writer.add_summary(summary, step)
+
+
+def _is_positive_int(value: Any) -> bool:
+  return (isinstance(value, int) and not isinstance(value, bool) and
+          value >= 1)
