@@ -195,6 +195,40 @@ def test_all_finite_combines_many_gradients(mode):
       True, False, False, False, True]
 
 
+@pytest.mark.parametrize('bfloat16_value,float32_value,expected', [
+    (3e38, 3e38, True),
+    (INF, 1.0, False),
+    (1.0, NAN, False),
+])
+@pytest.mark.parametrize('mode', ['eager', 'function', 'graph'])
+def test_all_finite_mixes_bfloat16_with_other_dtypes(bfloat16_value,
+                                                     float32_value, expected,
+                                                     mode):
+  # bfloat16 takes a different test from float16/32/64 in a TF1 graph.
+
+  def verdict():
+    return gradients.all_finite([
+        tf.constant([bfloat16_value, 1.0], tf.bfloat16),
+        tf.constant([float32_value, 2.0]),
+        tf.constant([1.0], tf.float16),
+    ])
+
+  assert bool(_in_mode(mode, verdict)) is expected
+
+
+def test_all_finite_in_a_tf1_graph_is_one_op_per_gradient_and_no_branch():
+  with tf.Graph().as_default() as graph:
+    grads = [tf.compat.v1.placeholder(tf.float32, [None]) for _ in range(5)]
+    before = {op.name for op in graph.get_operations()}
+    gradients.all_finite(grads)
+    added = [op.type for op in graph.get_operations() if op.name not in before]
+  assert not {'If', 'StatelessIf', 'Switch', 'Merge'} & set(added), added
+  assert added.count('DebugNumericSummaryV2') == 5
+  # Besides the per-gradient summaries: one sum, one slice, one comparison
+  # and their constant operands.
+  assert len(added) <= 5 + 8, added
+
+
 @pytest.mark.parametrize('grads', [[], [None], None, {'a': None, 'b': []}])
 def test_all_finite_of_no_gradients_is_true(grads):
   verdict = gradients.all_finite(grads)
