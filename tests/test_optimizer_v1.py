@@ -303,6 +303,46 @@ def test_skipped_step_in_a_graph_changes_only_the_loss_scale():
     assert session.run(model.global_step) == 2
 
 
+def test_ops_that_wait_for_a_skipped_step_in_a_graph_still_run():
+  # The train op must be live on a skipped step: a fetch that depends on it
+  # would otherwise fail to produce a value.
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    model = Model()
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        OPTIMIZERS['sgd'](), tf_loss_scale.DynamicLossScale(8))
+    x = tf.compat.v1.placeholder(tf.float32, [3])
+    train_op = optimizer.minimize(model.loss(x, tf.ones([2, 2])),
+                                  var_list=model.weights,
+                                  global_step=model.global_step)
+    with tf.control_dependencies([train_op]):
+      step_after = tf.identity(model.global_step.read_value())
+      scale_after = tf.identity(optimizer.loss_scale())
+    session.run(tf.compat.v1.global_variables_initializer())
+    for step, (bad, global_step, scale) in enumerate(
+        [(1.0, 1, 8.0), (NAN, 1, 4.0), (INF, 1, 2.0), (1.0, 2, 2.0)]):
+      assert session.run([step_after, scale_after], {x: [1.0, bad, 1.0]}) == [
+          global_step, scale], f'step {step}'
+
+
+def _tensors_through_branches(variable_count):
+  """How many tensors enter a branch op (Switch, If) in one wrapped step."""
+  with tf.Graph().as_default() as graph:
+    variables = [tf.Variable(tf.ones([4])) for _ in range(variable_count)]
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        OPTIMIZERS['momentum'](), 'dynamic')
+    optimizer.minimize(tf.add_n([tf.reduce_sum(v * v) for v in variables]),
+                       var_list=variables)
+    return sum(len(op.inputs) for op in graph.get_operations()
+               if op.type in ('Switch', 'If', 'StatelessIf'))
+
+
+def test_a_graph_step_branches_on_no_gradient_or_variable():
+  # A tf.cond around the apply would route every gradient and variable handle
+  # into its branch (one Switch each once the session lowers it); the
+  # apply-or-skip gate and the finite check route none.
+  assert _tensors_through_branches(30) == _tensors_through_branches(2)
+
+
 @pytest.mark.parametrize('mode', ['eager', 'function'])
 def test_skipped_step_changes_only_the_loss_scale(mode):
   model = Model()
@@ -419,9 +459,11 @@ def _mirrored_training(strategy, classes, bad_steps, mode='function'):
   return records
 
 
-def test_overflow_on_one_replica_skips_the_step_on_both(mirrored_strategy):
+@pytest.mark.parametrize('mode', ['function', 'graph'])
+def test_overflow_on_one_replica_skips_the_step_on_both(mirrored_strategy,
+                                                        mode):
   records = _mirrored_training(mirrored_strategy, OURS,
-                               [None, (1, INF), (0, NAN), None])
+                               [None, (1, INF), (0, NAN), None], mode)
   # Per replica the gradient of w is (1, 2, 3) * (replica + 1); the
   # replicas' gradients are summed, so an applied step uses (3, 6, 9).
   w_after_first = np.array([0.5, -1.0, 2.0]) - 0.1 * np.array([3.0, 6.0, 9.0])

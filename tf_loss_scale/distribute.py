@@ -138,10 +138,13 @@ def apply_on_every_replica_if(
   (per-replica arguments are unpacked per replica) when `should_apply`, and
   `on_skip()` once otherwise.
 
-  Both branches return the verdict. A branch whose outputs match is one that
-  XLA can turn into selects and fuse with the rest of the step; a branch with
-  nothing to return stays a real conditional, which forces every gradient
-  into memory first.
+  Eagerly and in a `tf.function` this is a `tf.cond` whose two branches both
+  return the verdict: a branch whose outputs match is one that XLA can turn
+  into selects and fuse with the rest of the step, while a branch with nothing
+  to return stays a real conditional that forces every gradient into memory.
+  In a TF1 graph the two sides are gated as described in `_one_side_runs`,
+  which costs one Switch where `tf.cond` would add one per gradient and per
+  variable handle.
 
   Args:
     strategy: The current strategy.
@@ -153,17 +156,31 @@ def apply_on_every_replica_if(
 
   Returns:
     Whether the step was applied: a bool tensor, or `True`. In a TF1 graph,
-    evaluating it runs the chosen branch.
+    evaluating it runs the chosen side.
   """
-  def apply_step():
-    return _then(strategy.group(
-        strategy.extended.call_for_each_replica(apply_fn, args=tuple(args))),
-                 True)
+  def apply_everywhere(gate: Sequence[tf.Tensor] = ()) -> tf.Operation:
+    def apply_on_replica(*replica_args):
+      # Replica threads do not inherit the caller's control dependencies.
+      with tf.control_dependencies(gate):
+        return apply_fn(*replica_args)
+    return strategy.group(strategy.extended.call_for_each_replica(
+        apply_on_replica, args=tuple(args)))
 
   if should_apply is True:
-    apply_step()
+    apply_everywhere()
     return True
-  return tf.cond(should_apply, apply_step, lambda: _then(on_skip(), False))
+  if execution.in_tf1_graph():
+    return _one_side_runs(should_apply, apply_everywhere, on_skip)
+
+  def apply_side():
+    apply_everywhere()
+    return tf.constant(True)
+
+  def skip_side():
+    on_skip()
+    return tf.constant(False)
+
+  return tf.cond(should_apply, apply_side, skip_side)
 
 
 def check_strategy_supported(where: str) -> None:
@@ -190,10 +207,39 @@ def _non_finite(grads: Any) -> tf.Tensor:
   return tf.cast(tf.logical_not(gradients.all_finite(grads)), tf.float32)
 
 
-def _then(done: Any, verdict: bool) -> tf.Tensor:
-  # Eagerly and in a tf.function, stateful ops run in program order; a TF1
-  # graph runs only what the returned tensor depends on.
-  if not execution.in_tf1_graph() or done is None:
-    return tf.constant(verdict)
-  with tf.control_dependencies([done]):
-    return tf.constant(verdict)
+def _one_side_runs(
+    should_apply: tf.Tensor,
+    apply_side: Callable[[Sequence[tf.Tensor]], Any],
+    skip_side: Callable[[], Any]) -> tf.Tensor:
+  """Runs one of two sides in a TF1 graph, as TF1's own `cond` does inside.
+
+  A Switch of the verdict makes one of two pivot tensors live and the other
+  dead. Every op a side creates has a control edge from that side's pivot,
+  and the executor never runs an op with a dead input, so the side not taken
+  does nothing; the inputs the sides read (gradients, variable handles) need
+  no Switch of their own. A Merge rejoins the sides, so the result is always
+  live and ready only after the chosen side has finished.
+
+  Args:
+    should_apply: A bool scalar tensor.
+    apply_side: Called with the list of tensors its ops must depend on (for
+      ops built in other threads, such as replica threads); returns an op.
+    skip_side: Returns an op, or None.
+
+  Returns:
+    `should_apply`'s value, once the chosen side has run.
+  """
+  to_skip, to_apply = tf.raw_ops.Switch(data=should_apply, pred=should_apply)
+  skip_pivot, apply_pivot = tf.identity(to_skip), tf.identity(to_apply)
+  with tf.control_dependencies([skip_pivot]):
+    skipped = skip_side()
+  with tf.control_dependencies([apply_pivot]):
+    applied = apply_side([apply_pivot])
+  return tf.raw_ops.Merge(inputs=[_once_done(skipped, skip_pivot),
+                                  _once_done(applied, apply_pivot)]).output
+
+
+def _once_done(done: Any, pivot: tf.Tensor) -> tf.Tensor:
+  # The pivot again, ready only once `done` (an op, or None) has run.
+  with tf.control_dependencies([] if done is None else [done]):
+    return tf.identity(pivot)

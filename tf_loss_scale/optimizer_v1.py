@@ -144,9 +144,10 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
                        name: Optional[str]) -> Optional[tf.Operation]:
     update_op, should_apply = self._loss_scale.update(
         [g for g, _ in grads_and_vars])
+    # The inner optimizer names its ops itself: `name` is for the op returned.
     applied = distribute.apply_on_every_replica_if(
         strategy, should_apply, self._optimizer.apply_gradients,
-        (grads_and_vars, global_step, name or self.get_name()))
+        (grads_and_vars, global_step))
     return tf.group(applied, update_op, name=name or self.get_name())
 
   def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:
