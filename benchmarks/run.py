@@ -9,7 +9,10 @@ Usage (from the repository root):
 For every mode and workload it builds the bare SGD step, ours and the
 reference wrapper in one process, times them interleaved, and prints the
 median step times, the overhead each wrapper adds over the bare step, and
-the ratio ours/reference against the target. Results go to
+the ratio ours/reference against the target. In graph mode it also times a
+floor variant (`variants._BarrierFloorV1`: scale, unscale, hold every
+gradient until all exist, apply; no check, no state) and prints its ratio to
+the reference: the least overhead any exact skip can have. Results go to
 benchmarks/results.json (or --json PATH).
 
 Modes: graph (tf.compat.v1 Session; v1 optimizers: bare
@@ -108,8 +111,9 @@ def _measure_row(mode, shape, args):
   bare, ours, reference = names
   strategy = _strategy_for(mode)
   workload = workloads.WORKLOADS[shape]
+  floor = list(variants.FLOORS.get(family, {}))
   runners = {n: variants.build(mode, family, n, workload, strategy)
-             for n in names}
+             for n in names + floor}
   for runner in runners.values():  # tracing, compilation, allocator warm-up
     for _ in range(5):
       runner.step()
@@ -117,7 +121,7 @@ def _measure_row(mode, shape, args):
   times = timing.interleaved({n: r.step for n, r in runners.items()},
                              args.repetitions, block)
   # Every variant ran the same number of steps from the same start.
-  values = {n: r.values() for n, r in runners.items()}
+  values = {n: runners[n].values() for n in names}
   ours_over = timing.median_overhead(times[ours], times[bare])
   ref_over = timing.median_overhead(times[reference], times[bare])
   row = {
@@ -130,6 +134,9 @@ def _measure_row(mode, shape, args):
       'median_ms': {n: 1e3 * statistics.median(t) for n, t in times.items()},
       'overhead': {ours: ours_over, reference: ref_over},
       'ratio': ours_over / ref_over if ref_over > 0 else None,
+      # The floor's overhead over the reference's: no exact skip goes lower.
+      'floor_ratio': (timing.median_overhead(times[floor[0]], times[bare]) /
+                      ref_over if floor and ref_over > 0 else None),
       'identical_to_reference': _identical(values[ours], values[reference]),
   }
   if shape == 'cnn':
@@ -154,21 +161,22 @@ def _measure_memory(row, steps):
 
 def _format_table(rows):
   header = (f"{'mode':9} {'shape':7} {'bare ms':>8} {'ours ms':>8} "
-            f"{'ref ms':>8} {'ours +%':>8} {'ref +%':>8} {'ratio':>6}  "
+            f"{'ref ms':>8} {'ours +%':>8} {'ref +%':>8} {'ratio':>6} {'floor':>6}  "
             f"{'reference':9} {'target':16} {'met':4} {'same':4} "
             f"{'RSS MB bare/ours/ref':>22}")
   lines = [header, '-' * len(header)]
   for r in rows:
     bare, ours, ref = variants.FAMILIES[r['family']]
     ms = r['median_ms']
-    ratio = '-' if r['ratio'] is None else f"{r['ratio']:.2f}"
+    ratio, floor = ('-' if r[k] is None else f'{r[k]:.2f}'
+                    for k in ('ratio', 'floor_ratio'))
     met = {True: 'yes', False: 'NO', None: '-'}[r['met']]
     rss = r.get('peak_rss_mb')
     rss = '/'.join(f'{rss[n]:.0f}' for n in (bare, ours, ref)) if rss else '-'
     lines.append(
         f"{r['mode']:9} {r['shape']:7} {ms[bare]:8.3f} {ms[ours]:8.3f} "
         f"{ms[ref]:8.3f} {100 * r['overhead'][ours]:+7.1f}% "
-        f"{100 * r['overhead'][ref]:+7.1f}% {ratio:>6}  {ref:9} "
+        f"{100 * r['overhead'][ref]:+7.1f}% {ratio:>6} {floor:>6}  {ref:9} "
         f"{r['target']:16} {met:4} {'yes' if r['identical_to_reference'] else 'NO':4} "
         f"{rss:>22}")
   return '\n'.join(lines)

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_loss_scale
+from tf_loss_scale import gradients
 from tf_loss_scale import keras as ours_keras
 from benchmarks.workloads import Workload
 
@@ -74,13 +75,36 @@ def _keras3():
       dynamic_growth_steps=GROWTH_STEPS)
 
 
+class _BarrierFloorV1:
+  """Not a loss scale optimizer: the least work any exact skip has to do.
+
+  It scales the loss by a loss scale variable, unscales the gradients, and
+  then holds every gradient until all of them exist before applying any: the
+  barrier an exact skip cannot avoid, since no variable may change before
+  every gradient has been checked. It has no finite check, no branch and no
+  loss scale update, so no wrapper that skips exactly can add less overhead
+  than it does.
+  """
+
+  def minimize(self, loss, var_list):
+    optimizer = _bare_v1()
+    scale = tf.Variable(INITIAL_SCALE, trainable=False).read_value()
+    grads_and_vars = optimizer.compute_gradients(loss * scale,
+                                                 var_list=var_list)
+    grads = gradients.unscale([g for g, _ in grads_and_vars], scale)
+    with tf.control_dependencies([tf.group(*grads)]):
+      held = [tf.identity(g) for g in grads]
+    return optimizer.apply_gradients(zip(held, var_list))
+
+
 # family -> {variant name: optimizer factory}; the first variant is the bare
 # baseline, the second is ours, the third the reference we are measured by.
 FAMILIES = {
     'v1': {'bare': _bare_v1, 'ours': _ours_v1, 'tf_v1': _tf_v1},
     'keras': {'bare': _bare_keras, 'ours': _ours_keras, 'keras3': _keras3},
 }
-REFERENCE = {'v1': 'tf_v1', 'keras': 'keras3'}
+# family -> {name: factory} of a floor variant timed beside the others.
+FLOORS = {'v1': {'floor': _BarrierFloorV1}}
 
 
 def build(mode: str, family: str, variant: str, workload: Workload,
@@ -90,14 +114,14 @@ def build(mode: str, family: str, variant: str, workload: Workload,
   Args:
     mode: One of `MODES`.
     family: 'v1' or 'keras'.
-    variant: A key of `FAMILIES[family]`.
+    variant: A key of `variants_of(family)`.
     workload: The model to train.
     strategy: The MirroredStrategy, required for mode 'mirrored'.
 
   Returns:
     A `Runner`.
   """
-  make_optimizer = FAMILIES[family][variant]
+  make_optimizer = variants_of(family)[variant]
   if mode == 'graph':
     if family != 'v1':
       raise ValueError('graph mode runs tf.compat.v1 optimizers only.')
@@ -159,4 +183,5 @@ def _function_runner(workload: Workload, family: str, make_optimizer,
 
 
 def variants_of(family: str) -> Dict[str, Callable]:
-  return FAMILIES[family]
+  """Every variant of `family` that `build` can make, its floor included."""
+  return {**FAMILIES[family], **FLOORS.get(family, {})}
