@@ -288,6 +288,33 @@ def test_apply_on_every_replica_if_in_a_tf1_graph_runs_the_chosen_branch(
           [1, 0] if should_apply else [0, 1])
 
 
+@pytest.mark.parametrize('should_apply', [True, False])
+def test_apply_on_every_replica_if_in_a_tf1_graph_gates_ops_built_on_replicas(
+    mirrored_strategy, should_apply):
+  # A sync-on-read variable is updated inside each replica's own thread,
+  # with no merge_call back to the thread that built the gate.
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    with mirrored_strategy.scope():
+      counter = tf.Variable(
+          0.0, synchronization=tf.VariableSynchronization.ON_READ,
+          aggregation=tf.VariableAggregation.SUM)
+    predicate = tf.compat.v1.placeholder(tf.bool, [])
+
+    def merge_fn(strategy):
+      return distribute.apply_on_every_replica_if(
+          strategy, predicate, lambda: counter.assign_add(1.0).op, ())
+
+    verdicts = mirrored_strategy.experimental_local_results(
+        mirrored_strategy.run(
+            lambda: tf.distribute.get_replica_context().merge_call(merge_fn)))
+    session.run(tf.compat.v1.global_variables_initializer())
+    verdicts = session.run(list(verdicts), {predicate: should_apply})
+    assert verdicts and all(v == should_apply for v in verdicts), verdicts
+    per_replica = session.run(
+        list(mirrored_strategy.experimental_local_results(counter)))
+  assert per_replica == ([1.0, 1.0] if should_apply else [0.0, 0.0])
+
+
 def test_check_strategy_supported_accepts_mirrored_and_no_strategy(
     mirrored_strategy):
   distribute.check_strategy_supported('LossScaleOptimizer')

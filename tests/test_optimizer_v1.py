@@ -8,6 +8,10 @@ step must be identical.
 """
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -511,3 +515,45 @@ def test_mirrored_matches_tensorflow_step_by_step(mirrored_strategy, mode):
             mine[name][replica], reference[name][replica],
             err_msg=f'step {step}, replica {replica}: {name} differs '
             '(ours vs tensorflow)')
+
+
+_WHILE_LOOP_STEPS_SEED = 11
+
+
+def _train_in_a_while_loop_with_v1_control_flow(classes_name):
+  """`v1_training.train_in_a_while_loop` in a process with TF1 control flow.
+
+  `disable_control_flow_v2` is process-wide, so it runs in a child process.
+  """
+  code = (
+      'import json, tensorflow as tf, v1_training\n'
+      'tf.compat.v1.disable_control_flow_v2()\n'
+      f'steps = v1_training.random_steps({_WHILE_LOOP_STEPS_SEED})\n'
+      'print(json.dumps(v1_training.train_in_a_while_loop('
+      f'v1_training.{classes_name}, steps)))\n')
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [os.path.dirname(os.path.abspath(__file__))] + sys.path))
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                          text=True, env=env, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize('control_flow', ['v2', 'v1'])
+def test_training_inside_a_while_loop_matches_tensorflow(control_flow):
+  # Skipping inside a loop body: the apply-or-skip gate must work within a
+  # while_v2 body function and within a TF1 while frame alike.
+  if control_flow == 'v1':
+    ours, theirs = (_train_in_a_while_loop_with_v1_control_flow(name)
+                    for name in ('OURS', 'THEIRS'))
+  else:
+    steps = v1_training.random_steps(_WHILE_LOOP_STEPS_SEED)
+    ours, theirs = (v1_training.train_in_a_while_loop(classes, steps)
+                    for classes in (OURS, THEIRS))
+  assert sorted(ours) == sorted(theirs)
+  for name in theirs:
+    np.testing.assert_array_equal(ours[name], theirs[name],
+                                  err_msg=f'{name} after the loop')
+  # The sequence skipped some steps and applied others.
+  steps_taken = len(v1_training.random_steps(_WHILE_LOOP_STEPS_SEED))
+  assert 0 < ours['global_step'] < steps_taken, ours['global_step']

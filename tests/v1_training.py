@@ -218,3 +218,39 @@ def assert_same_trajectory(ours, theirs):
       np.testing.assert_array_equal(
           mine[name], reference[name],
           err_msg=f'step {step}: {name} differs (ours vs tensorflow)')
+
+
+def train_in_a_while_loop(classes, steps):
+  """Trains a whole sequence inside one `tf.while_loop` of a TF1 graph.
+
+  Each iteration of the loop is one `minimize` step on the next `(x, y)` of
+  `steps`; the session runs the loop once.
+
+  Args:
+    classes: `OURS` or `THEIRS`.
+    steps: A list of `(x, y)` inputs, as from `random_steps`.
+
+  Returns:
+    The final values of every state variable, by name (lists of floats, so
+    that a subprocess can print them as JSON).
+  """
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    model = Model()
+    optimizer = classes[0](OPTIMIZERS['momentum'](),
+                           classes[1](2.0**15, increment_period=2))
+    xs = tf.constant(np.stack([x for x, _ in steps]))
+    ys = tf.constant(np.stack([y for _, y in steps]))
+
+    def body(i):
+      train_op = optimizer.minimize(model.loss(xs[i], ys[i]),
+                                    var_list=model.weights,
+                                    global_step=model.global_step)
+      with tf.control_dependencies([train_op]):
+        return i + 1
+
+    loop = tf.while_loop(lambda i: i < len(steps), body, [tf.constant(0)])
+    session.run(tf.compat.v1.global_variables_initializer())
+    session.run(loop)
+    state = session.run(state_variables(model, optimizer))
+  return {name: np.asarray(value, np.float64).tolist()
+          for name, value in state.items()}
