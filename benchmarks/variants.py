@@ -82,8 +82,8 @@ class _BarrierFloorV1:
   then holds every gradient until all of them exist before applying any: the
   barrier an exact skip cannot avoid, since no variable may change before
   every gradient has been checked. It has no finite check, no branch and no
-  loss scale update, so no wrapper that skips exactly can add less overhead
-  than it does.
+  loss scale update, so a wrapper built from TensorFlow ops that skips
+  exactly cannot add less overhead than it does.
   """
 
   def minimize(self, loss, var_list):
