@@ -18,8 +18,11 @@ setuptools.setup(
     ],
     extras_require={
         # The tests run the demo too.
-        'test': ['pytest', 'scikit-learn', 'matplotlib'],
+        'test': ['pytest', 'scikit-learn', 'matplotlib',
+                 'tf_keras>=2.21,<2.22'],
         'demo': ['scikit-learn', 'matplotlib'],
+        # Keras 2 inner optimizers for the TF 2.0-2.3 wrapper.
+        'tf_keras': ['tf_keras>=2.21,<2.22'],
     },
     entry_points={
         'console_scripts': ['tf-loss-scale=tf_loss_scale.__main__:main'],
