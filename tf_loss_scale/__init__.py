@@ -4,9 +4,15 @@ Public API:
   LossScale, FixedLossScale, DynamicLossScale: the loss scale and its state.
   get, serialize, deserialize: identifiers and configs to loss scales.
   MixedPrecisionLossScaleOptimizer: the `tf.compat.v1` optimizer wrapper.
-Keras front ends live in `tf_loss_scale.keras`.
+Modules, imported on first use so that `import tf_loss_scale` loads no Keras:
+  keras: the Keras `LossScaleOptimizer`s (`keras.experimental` for TF 2.0-2.3
+    code).
+  monitoring: TensorBoard summaries, a Keras callback and a v1 hook.
+  compat: `install()` of the names TensorFlow 2.0-2.3 code uses.
+  inspect_checkpoint: the loss scale state held in a checkpoint.
 """
 
+from tf_loss_scale import lazy as _lazy
 from tf_loss_scale.loss_scale import DynamicLossScale
 from tf_loss_scale.loss_scale import FixedLossScale
 from tf_loss_scale.loss_scale import LossScale
@@ -14,6 +20,11 @@ from tf_loss_scale.loss_scale import deserialize
 from tf_loss_scale.loss_scale import get
 from tf_loss_scale.loss_scale import serialize
 from tf_loss_scale.optimizer_v1 import MixedPrecisionLossScaleOptimizer
+
+__getattr__, __dir__ = _lazy.attributes(__name__, {
+    module: (f'{__name__}.{module}', None)
+    for module in ('compat', 'inspect_checkpoint', 'keras', 'monitoring')
+}, globals())
 
 __all__ = [
     'DynamicLossScale',

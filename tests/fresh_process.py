@@ -1,0 +1,65 @@
+"""Runs Python code in a fresh interpreter that imports this checkout.
+
+For tests of process-wide state that cannot be undone in the test process:
+what a plain import loads, `TF_USE_LEGACY_KERAS` (read once, when TensorFlow
+is imported), scripts that set mixed precision policies.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Optional
+
+import tf_loss_scale
+
+# The checkout whose tf_loss_scale the tests imported; the child imports it
+# too, whatever copy the interpreter has installed.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(
+    tf_loss_scale.__file__)))
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(code: str, legacy_keras: bool = False, timeout: float = 300,
+        cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+  """Runs `code` with `python -c` and returns the finished process.
+
+  Args:
+    code: The program.
+    legacy_keras: Whether `TF_USE_LEGACY_KERAS=1` (`tf.keras` is `tf_keras`);
+      otherwise the variable is removed and `tf.keras` is Keras 3.
+    timeout: Seconds before the child is killed and the test fails.
+    cwd: The child's working directory.
+
+  Returns:
+    The completed process, its output captured as text.
+  """
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=os.pathsep.join(
+      [_CHECKOUT, _TESTS] + sys.path))
+  env.pop('TF_USE_LEGACY_KERAS', None)
+  if legacy_keras:
+    env['TF_USE_LEGACY_KERAS'] = '1'
+  return subprocess.run([sys.executable, '-c', code], capture_output=True,
+                        text=True, env=env, cwd=cwd, timeout=timeout,
+                        check=False)
+
+
+def run_json(code: str, legacy_keras: bool = False, timeout: float = 300,
+             cwd: Optional[str] = None) -> Any:
+  """Runs `code`, which must succeed and print JSON as its last line.
+
+  Args:
+    code: The program.
+    legacy_keras: As for `run`.
+    timeout: As for `run`.
+    cwd: As for `run`.
+
+  Returns:
+    The parsed last line of the child's standard output.
+  """
+  result = run(code, legacy_keras, timeout, cwd)
+  keras_name = 'tf_keras' if legacy_keras else 'Keras 3'
+  assert result.returncode == 0, (
+      f'child process ({keras_name}) exited with {result.returncode}:\n'
+      f'{result.stderr[-4000:]}')
+  return json.loads(result.stdout.strip().splitlines()[-1])

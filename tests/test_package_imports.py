@@ -1,0 +1,121 @@
+"""A plain `import tf_loss_scale` reaches every public module, lazily.
+
+Each case runs in a fresh interpreter: what an import loads is process-wide,
+and `TF_USE_LEGACY_KERAS` is read once, when TensorFlow is imported.
+
+`import tensorflow` itself loads the Keras that `tf.keras` is (Keras 3's
+`keras`, or `tf_keras` under `TF_USE_LEGACY_KERAS=1`), so "loads no Keras"
+means: no Keras module beyond those TensorFlow loaded, and never the other
+Keras.
+"""
+
+import functools
+
+import pytest
+
+import fresh_process
+
+_PROBE = '''
+import json, sys
+import tensorflow
+
+def keras_modules():
+  return {m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras')}
+
+def library_modules():
+  return sorted(m for m in sys.modules if m.startswith('tf_loss_scale.'))
+
+loaded_by_tensorflow = keras_modules()
+import tf_loss_scale
+import tf_loss_scale.keras
+result = {
+    'keras_modules_added': sorted(keras_modules() - loaded_by_tensorflow),
+    'library_modules': library_modules(),
+    'dir': dir(tf_loss_scale),
+    'keras_dir': dir(tf_loss_scale.keras),
+}
+keras_loss_scale_optimizer = tf_loss_scale.keras.LossScaleOptimizer
+result['tf_keras_after_keras_form'] = 'tf_keras' in sys.modules
+result['resolved'] = {
+    'compat.install': tf_loss_scale.compat.install.__qualname__,
+    'monitoring.LossScaleCallback':
+        tf_loss_scale.monitoring.LossScaleCallback.__qualname__,
+    'inspect_checkpoint.CheckpointError':
+        tf_loss_scale.inspect_checkpoint.CheckpointError.__qualname__,
+    'keras.LossScaleOptimizer': keras_loss_scale_optimizer.__module__,
+    'keras.experimental.LossScaleOptimizer':
+        tf_loss_scale.keras.experimental.LossScaleOptimizer.__module__,
+}
+errors = {}
+for package, name in ((tf_loss_scale, 'no_such_module'),
+                      (tf_loss_scale.keras, 'NoSuchOptimizer')):
+  try:
+    getattr(package, name)
+  except AttributeError as e:
+    errors[name] = str(e)
+result['errors'] = errors
+print(json.dumps(result))
+'''
+
+_LAZY_LIBRARY_MODULES = ('tf_loss_scale.compat', 'tf_loss_scale.monitoring',
+                         'tf_loss_scale.inspect_checkpoint',
+                         'tf_loss_scale.keras.experimental',
+                         'tf_loss_scale.keras.loss_scale_optimizer',
+                         'tf_loss_scale.keras.wrapping')
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(legacy_keras):
+  return fresh_process.run_json(_PROBE, legacy_keras=legacy_keras)
+
+
+@pytest.fixture(params=[False, True], ids=['keras3', 'tf_keras'])
+def probe(request):
+  return request.param, _probe(request.param)
+
+
+def test_import_loads_no_keras_module_beyond_tensorflows(probe):
+  legacy_keras, result = probe
+  assert result['keras_modules_added'] == [], (
+      f'TF_USE_LEGACY_KERAS={int(legacy_keras)}: `import tf_loss_scale, '
+      f'tf_loss_scale.keras` loaded {result["keras_modules_added"]}')
+  loaded = [m for m in _LAZY_LIBRARY_MODULES if m in result['library_modules']]
+  assert loaded == [], f'loaded before first use: {loaded}'
+
+
+def test_dir_lists_the_public_modules(probe):
+  _, result = probe
+  for name in ('compat', 'inspect_checkpoint', 'keras', 'monitoring',
+               'DynamicLossScale', 'MixedPrecisionLossScaleOptimizer'):
+    assert name in result['dir'], name
+  for name in ('LossScaleOptimizer', 'experimental'):
+    assert name in result['keras_dir'], name
+
+
+def test_each_public_module_resolves_on_first_access(probe):
+  _, result = probe
+  assert result['resolved'] == {
+      'compat.install': 'install',
+      'monitoring.LossScaleCallback': 'LossScaleCallback',
+      'inspect_checkpoint.CheckpointError': 'CheckpointError',
+      'keras.LossScaleOptimizer': 'tf_loss_scale.keras.loss_scale_optimizer',
+      'keras.experimental.LossScaleOptimizer':
+          'tf_loss_scale.keras.experimental',
+  }
+
+
+def test_unknown_names_raise_attribute_error_naming_them(probe):
+  _, result = probe
+  assert result['errors'] == {
+      'no_such_module':
+          "module 'tf_loss_scale' has no attribute 'no_such_module'",
+      'NoSuchOptimizer':
+          "module 'tf_loss_scale.keras' has no attribute 'NoSuchOptimizer'",
+  }
+
+
+def test_keras_3_form_never_loads_tf_keras():
+  # Under Keras 3, using tf_loss_scale.keras must not drag in tf_keras (an
+  # optional extra). Read from the Keras 3 probe only: under
+  # TF_USE_LEGACY_KERAS=1 TensorFlow itself loads tf_keras.
+  assert not _probe(False)['tf_keras_after_keras_form']
