@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import tf_loss_scale
 
@@ -20,12 +20,14 @@ _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(code: str, legacy_keras: bool = False, timeout: float = 300,
+def run(args: Sequence[str], legacy_keras: bool = False,
+        timeout: float = 300,
         cwd: Optional[str] = None) -> subprocess.CompletedProcess:
-  """Runs `code` with `python -c` and returns the finished process.
+  """Runs `python *args` and returns the finished process.
 
   Args:
-    code: The program.
+    args: The interpreter's arguments: `['-c', code]` or a script and its
+      arguments.
     legacy_keras: Whether `TF_USE_LEGACY_KERAS=1` (`tf.keras` is `tf_keras`);
       otherwise the variable is removed and `tf.keras` is Keras 3.
     timeout: Seconds before the child is killed and the test fails.
@@ -39,17 +41,17 @@ def run(code: str, legacy_keras: bool = False, timeout: float = 300,
   env.pop('TF_USE_LEGACY_KERAS', None)
   if legacy_keras:
     env['TF_USE_LEGACY_KERAS'] = '1'
-  return subprocess.run([sys.executable, '-c', code], capture_output=True,
+  return subprocess.run([sys.executable, *args], capture_output=True,
                         text=True, env=env, cwd=cwd, timeout=timeout,
                         check=False)
 
 
-def run_json(code: str, legacy_keras: bool = False, timeout: float = 300,
-             cwd: Optional[str] = None) -> Any:
-  """Runs `code`, which must succeed and print JSON as its last line.
+def run_json(args: Sequence[str], legacy_keras: bool = False,
+             timeout: float = 300, cwd: Optional[str] = None) -> Any:
+  """Runs `python *args`, which must succeed and print JSON as its last line.
 
   Args:
-    code: The program.
+    args: As for `run`.
     legacy_keras: As for `run`.
     timeout: As for `run`.
     cwd: As for `run`.
@@ -57,7 +59,7 @@ def run_json(code: str, legacy_keras: bool = False, timeout: float = 300,
   Returns:
     The parsed last line of the child's standard output.
   """
-  result = run(code, legacy_keras, timeout, cwd)
+  result = run(args, legacy_keras, timeout, cwd)
   keras_name = 'tf_keras' if legacy_keras else 'Keras 3'
   assert result.returncode == 0, (
       f'child process ({keras_name}) exited with {result.returncode}:\n'

@@ -1,12 +1,10 @@
 """Tests for tf_loss_scale.compat: opt-in legacy names."""
 
+import functools
 import os
-import runpy
-import subprocess
 import sys
 
 import keras
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -14,8 +12,12 @@ import tf_loss_scale
 from tf_loss_scale import compat
 from tf_loss_scale.keras import experimental
 
-_LEGACY_SCRIPT = os.path.join(
-    os.path.dirname(__file__), 'legacy_scripts', 'tf23_custom_training_loop.py')
+import fresh_process
+
+_LEGACY_SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                               'legacy_scripts')
+_GUIDE_LOOP = 'tf23_custom_training_loop.py'
+_COMPILE_FIT = 'tf23_compile_fit.py'
 
 
 @pytest.fixture
@@ -26,14 +28,17 @@ def installed():
   keras.mixed_precision.set_global_policy('float32')
 
 
-def test_importing_changes_nothing():
-  code = ('import tensorflow as tf, keras, tf_loss_scale.compat as c; '
-          'print(hasattr(keras.mixed_precision, "experimental"), '
-          'hasattr(tf.train.experimental, "DynamicLossScale"), '
-          'hasattr(tf, "mixed_precision"), c.is_installed())')
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                       text=True, check=True).stdout.split()
-  assert out == ['False', 'False', 'False', 'False']
+@pytest.mark.parametrize('legacy_keras', [False, True],
+                         ids=['keras3', 'tf_keras'])
+def test_importing_changes_nothing(legacy_keras):
+  code = (
+      'import json, sys, tensorflow as tf, tf_loss_scale.compat as c\n'
+      'print(json.dumps([hasattr(tf.keras.mixed_precision, "experimental"),\n'
+      '  hasattr(tf.train.experimental, "DynamicLossScale"),\n'
+      '  hasattr(tf, "mixed_precision"), c.is_installed(),\n'
+      '  "tf_loss_scale.keras.experimental" in sys.modules]))\n')
+  assert fresh_process.run_json(['-c', code], legacy_keras) == [
+      False, False, False, False, False]
 
 
 def test_install_puts_library_classes_under_legacy_names(installed):
@@ -84,17 +89,101 @@ def test_install_is_idempotent_and_uninstall_removes_everything():
   assert 'tensorflow.mixed_precision.experimental' not in sys.modules
 
 
-def test_legacy_tf23_script_runs_unmodified_after_install(installed):
-  keras.utils.set_random_seed(0)
-  script_globals = runpy.run_path(_LEGACY_SCRIPT)
-  optimizer = script_globals['optimizer']
-  losses = script_globals['losses']
-  assert isinstance(optimizer, experimental.LossScaleOptimizer)
-  assert isinstance(optimizer.loss_scale, tf_loss_scale.DynamicLossScale)
-  assert len(losses) == 24
-  first_epoch, last_epoch = np.mean(losses[:8]), np.mean(losses[-8:])
-  assert last_epoch < first_epoch, f'loss did not decrease: {losses}'
-  # 24 finite steps (3 epochs of 8 batches) at period 10 double the initial
-  # 256 twice and leave 4 good steps counted.
-  assert float(optimizer.loss_scale()) == 1024.0
-  assert int(optimizer.loss_scale.good_steps.numpy()) == 4
+_NAMES_UNDER_TF_KERAS = '''
+import json, sys
+import tensorflow as tf
+import tf_keras
+import tf_loss_scale
+from tf_loss_scale.keras import experimental
+
+tf_loss_scale.compat.install()
+from tensorflow.keras.mixed_precision import experimental as mp
+names = {
+    'tf.keras is tf_keras': tf.keras.layers.Dense is tf_keras.layers.Dense,
+    'LossScaleOptimizer': mp.LossScaleOptimizer is experimental.LossScaleOptimizer,
+    'Policy': mp.Policy is tf_keras.mixed_precision.Policy,
+    'set_policy': mp.set_policy is tf_keras.mixed_precision.set_global_policy,
+    'global_policy': mp.global_policy is tf_keras.mixed_precision.global_policy,
+    'tf.keras.mixed_precision.experimental': tf.keras.mixed_precision.experimental is mp,
+    'tf_keras.mixed_precision.experimental': tf_keras.mixed_precision.experimental is mp,
+}
+for name in ('LossScale', 'FixedLossScale', 'DynamicLossScale'):
+  ours = getattr(tf_loss_scale, name)
+  names['tf.train.experimental.' + name] = getattr(tf.train.experimental, name) is ours
+  names['tf.mixed_precision.experimental.' + name] = (
+      getattr(tf.mixed_precision.experimental, name) is ours)
+mp.set_policy('mixed_float16')
+names['set_policy sets the policy of tf_keras layers'] = (
+    tf_keras.layers.Dense(1).dtype_policy.name == 'mixed_float16')
+mp.set_policy('float32')
+tf_loss_scale.compat.uninstall()
+names['uninstall removes them'] = not (
+    hasattr(tf.keras.mixed_precision, 'experimental') or
+    hasattr(tf_keras.mixed_precision, 'experimental') or
+    'tensorflow.keras.mixed_precision.experimental' in sys.modules or
+    hasattr(tf.train.experimental, 'DynamicLossScale'))
+print(json.dumps(names))
+'''
+
+
+def test_install_under_tf_keras_puts_tf_keras_names_under_legacy_names():
+  # TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras, so Policy and set_policy
+  # must be tf_keras's (Keras 3's would not reach tf_keras layers).
+  names = fresh_process.run_json(['-c', _NAMES_UNDER_TF_KERAS],
+                                 legacy_keras=True)
+  wrong = [name for name, ok in names.items() if not ok]
+  assert not wrong, f'under TF_USE_LEGACY_KERAS=1, wrong: {wrong}'
+
+
+@functools.lru_cache(maxsize=None)
+def _run_legacy_scripts(legacy_keras):
+  """Both TF 2.3-era scripts, in one fresh process after compat.install()."""
+  return fresh_process.run_json(
+      [os.path.join(_LEGACY_SCRIPTS, 'run_after_install.py'),
+       os.path.join(_LEGACY_SCRIPTS, _GUIDE_LOOP),
+       os.path.join(_LEGACY_SCRIPTS, _COMPILE_FIT)],
+      legacy_keras=legacy_keras, timeout=600)
+
+
+def _script_run(script, legacy_keras):
+  run = _run_legacy_scripts(legacy_keras)[script]
+  keras_name = 'tf_keras' if legacy_keras else 'Keras 3'
+  assert 'error' not in run, f'{script} under {keras_name}:\n{run["error"]}'
+  # The mixed precision names were the Keras tf.keras is, and they took
+  # effect: float16 compute in the layers, float32 outputs.
+  assert run['policy_package'] == ('tf_keras' if legacy_keras else 'keras')
+  assert run['global_policy'] == 'mixed_float16'
+  assert set(run['layer_policies']) == {'mixed_float16'}, run['layer_policies']
+  assert run['output_dtype'] == 'float32'
+  assert run['optimizer'].startswith('tf_loss_scale.keras.'), run['optimizer']
+  assert run['loss_scale_class'] == 'tf_loss_scale.loss_scale.DynamicLossScale'
+  return run
+
+
+@pytest.mark.parametrize('legacy_keras', [False, True],
+                         ids=['keras3', 'tf_keras'])
+def test_tf23_guide_custom_loop_runs_unmodified_after_install(legacy_keras):
+  run = _script_run(_GUIDE_LOOP, legacy_keras)
+  # 'dynamic' is TF 2.3's default DynamicLossScale (2**15, grows every 2000
+  # finite steps): 3 epochs of 8 finite steps leave the scale where it
+  # started, with 24 good steps; iterations counts every step.
+  assert (run['loss_scale'], run['good_steps'], run['skipped_steps'],
+          run['iterations']) == (32768.0, 24, 0, 24)
+  losses = run['losses']
+  assert losses[-1] < losses[0] / 2, f'epoch losses did not fall: {losses}'
+  assert run['test_accuracy'] > 0.9, run
+
+
+@pytest.mark.parametrize('legacy_keras', [False, True],
+                         ids=['keras3', 'tf_keras'])
+def test_tf23_compile_fit_script_runs_unmodified_after_install(legacy_keras):
+  run = _script_run(_COMPILE_FIT, legacy_keras)
+  # DynamicLossScale(2**8, increment_period=10): 24 finite steps (3 epochs of
+  # 8 batches) double it twice and leave 4 good steps.
+  assert run['model_optimizer_is_the_wrapper'], (
+      'compile wrapped the LossScaleOptimizer in another loss scale optimizer')
+  assert (run['loss_scale'], run['good_steps'], run['skipped_steps'],
+          run['iterations']) == (1024.0, 4, 0, 24)
+  losses = run['losses']
+  assert losses[-1] < losses[0] / 2, f'epoch losses did not fall: {losses}'
+  assert run['test_accuracy'] > 0.6, run

@@ -66,7 +66,7 @@ _LAZY_LIBRARY_MODULES = ('tf_loss_scale.compat', 'tf_loss_scale.monitoring',
 
 @functools.lru_cache(maxsize=None)
 def _probe(legacy_keras):
-  return fresh_process.run_json(_PROBE, legacy_keras=legacy_keras)
+  return fresh_process.run_json(['-c', _PROBE], legacy_keras=legacy_keras)
 
 
 @pytest.fixture(params=[False, True], ids=['keras3', 'tf_keras'])

@@ -1,7 +1,8 @@
 """Opt-in aliases that let TensorFlow 2.0-2.3 era code run unchanged.
 
-Importing this module changes nothing. `install()` puts this library's classes
-under the names legacy code uses; `uninstall()` puts everything back:
+Importing this module changes nothing (and loads no Keras). `install()` puts
+this library's classes under the names legacy code uses; `uninstall()` puts
+everything back:
 
 ```python
 import tf_loss_scale.compat
@@ -11,8 +12,10 @@ tf_loss_scale.compat.install()
 # opt = mixed_precision.LossScaleOptimizer(opt, loss_scale='dynamic')
 ```
 
-Names TensorFlow still defines (the `tf.compat.v1` loss scale classes) are left
-alone unless `install(override=True)`.
+The Keras names go into the Keras that `tf.keras` is: Keras 3, or `tf_keras`
+when TensorFlow was imported with `TF_USE_LEGACY_KERAS=1`. Names TensorFlow
+still defines (the `tf.compat.v1` loss scale classes) are left alone unless
+`install(override=True)`.
 """
 
 import importlib
@@ -20,7 +23,6 @@ import sys
 import types
 from typing import Any, Dict, List, Tuple
 
-import keras
 import tensorflow as tf
 
 import tf_loss_scale
@@ -38,9 +40,13 @@ def install(override: bool = False) -> None:
   """Makes the legacy loss scaling names resolve to this library.
 
   After this call:
-  - `tf.keras.mixed_precision.experimental` offers `LossScaleOptimizer` (this
-    library's `tf_loss_scale.keras.experimental.LossScaleOptimizer`) with
-    `Policy`, `set_policy` and `global_policy`;
+  - `tf.keras.mixed_precision.experimental` offers TF 2.3's names there:
+    `LossScaleOptimizer` (this library's
+    `tf_loss_scale.keras.experimental.LossScaleOptimizer`), and `Policy`,
+    `set_policy` and `global_policy` (the `Policy`, `set_global_policy` and
+    `global_policy` of the Keras that `tf.keras` is). The same module is
+    reachable as `keras.mixed_precision.experimental` (or
+    `tf_keras.mixed_precision.experimental`) and by `import`;
   - `tf.train.experimental` and `tf.mixed_precision.experimental` offer
     `LossScale`, `FixedLossScale` and `DynamicLossScale`.
   With `override=True`, the names TensorFlow still ships
@@ -56,13 +62,14 @@ def install(override: bool = False) -> None:
     return
   from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
 
+  mixed_precision = _keras_mixed_precision_modules()
   keras_experimental = _new_module(
       'tensorflow.keras.mixed_precision.experimental',
       LossScaleOptimizer=experimental.LossScaleOptimizer,
-      Policy=keras.mixed_precision.Policy,
-      set_policy=keras.mixed_precision.set_global_policy,
-      global_policy=keras.mixed_precision.global_policy)
-  for namespace in _keras_mixed_precision_modules():
+      Policy=mixed_precision[0].Policy,
+      set_policy=mixed_precision[0].set_global_policy,
+      global_policy=mixed_precision[0].global_policy)
+  for namespace in mixed_precision:
     _attach_module(namespace, 'experimental', keras_experimental)
 
   loss_scales = {name: getattr(tf_loss_scale, name) for name in _LOSS_SCALE_NAMES}
@@ -105,11 +112,19 @@ def is_installed() -> bool:
 
 
 def _keras_mixed_precision_modules() -> List[types.ModuleType]:
-  # `tf.keras.mixed_precision` and `keras.mixed_precision` can be distinct
-  # module objects (importing `tensorflow.keras.mixed_precision` creates its
-  # own), and legacy code reaches the name through either.
-  modules = [keras.mixed_precision,
-             importlib.import_module('tensorflow.keras.mixed_precision')]
+  # The Keras `tf.keras` is (Keras 3, or tf_keras under TF_USE_LEGACY_KERAS)
+  # can have three distinct `mixed_precision` module objects:
+  # `tf.keras.mixed_precision`, the one `import tensorflow.keras.
+  # mixed_precision` creates, and the Keras package's own; legacy code reaches
+  # the name through any of them. `tf.keras`'s comes first. The package is
+  # told by where `tf.keras`'s classes are defined (`tf.keras.__name__`
+  # depends on how `tf.keras` was first reached).
+  tf_keras_mixed_precision = tf.keras.mixed_precision
+  keras_package = importlib.import_module(
+      tf_keras_mixed_precision.Policy.__module__.split('.')[0])
+  modules = [tf_keras_mixed_precision,
+             importlib.import_module('tensorflow.keras.mixed_precision'),
+             keras_package.mixed_precision]
   return [m for i, m in enumerate(modules) if m not in modules[:i]]
 
 

@@ -1,0 +1,86 @@
+"""Runs TF 2.3-era scripts unmodified after `tf_loss_scale.compat.install()`.
+
+`python run_after_install.py SCRIPT...` runs each script in turn as
+`__main__`, resetting the global policy in between, and prints as its last
+line a JSON object mapping each script's file name to what the run left
+behind (the optimizer's state, the policy and layer dtypes, the losses) or to
+the traceback of its failure. Used by tests/test_compat.py in fresh
+processes, with and without `TF_USE_LEGACY_KERAS=1`.
+"""
+
+import json
+import os
+import runpy
+import sys
+import traceback
+from typing import Any, Callable, Dict, List, Tuple
+
+import tensorflow as tf
+
+import tf_loss_scale
+
+
+def _name(cls: type) -> str:
+  return f'{cls.__module__}.{cls.__qualname__}'
+
+
+def _guide_results(script_globals: Dict[str, Any]) -> Tuple[List[float], float]:
+  return (script_globals['epoch_losses'],
+          float(script_globals['test_accuracy'].result()))
+
+
+def _fit_results(script_globals: Dict[str, Any]) -> Tuple[List[float], float]:
+  return (script_globals['history'].history['loss'],
+          float(script_globals['test_accuracy']))
+
+
+# Where each script leaves its per-epoch training losses and test accuracy.
+_RESULTS: Dict[str, Callable[[Dict[str, Any]], Tuple[List[float], float]]] = {
+    'tf23_custom_training_loop.py': _guide_results,
+    'tf23_compile_fit.py': _fit_results,
+}
+
+
+def _summary(script: str, script_globals: Dict[str, Any]) -> Dict[str, Any]:
+  optimizer = script_globals['optimizer']
+  loss_scale = optimizer.loss_scale
+  model = script_globals['model']
+  policy = tf.keras.mixed_precision.global_policy()
+  losses, test_accuracy = _RESULTS[os.path.basename(script)](script_globals)
+  return {
+      'optimizer': _name(type(optimizer)),
+      'loss_scale_class': _name(type(loss_scale)),
+      'loss_scale': float(loss_scale()),
+      'good_steps': int(loss_scale.good_steps.numpy()),
+      'skipped_steps': int(loss_scale.skipped_steps.numpy()),
+      'iterations': int(optimizer.iterations.numpy()),
+      # compile under mixed_float16 must keep the wrapper, not wrap it again.
+      'model_optimizer_is_the_wrapper': (
+          getattr(model, 'optimizer', None) is optimizer),
+      'global_policy': policy.name,
+      'policy_package': type(policy).__module__.split('.')[0],
+      'layer_policies': [layer.dtype_policy.name for layer in model.layers
+                         if layer.weights],
+      'output_dtype': tf.as_dtype(model.outputs[0].dtype).name,
+      'losses': [float(loss) for loss in losses],
+      'test_accuracy': test_accuracy,
+  }
+
+
+def main(scripts: List[str]) -> None:
+  tf_loss_scale.compat.install()
+  results = {}
+  for script in scripts:
+    try:
+      script_globals = runpy.run_path(script, run_name='__main__')
+      results[os.path.basename(script)] = _summary(script, script_globals)
+    except Exception:  # pylint: disable=broad-except
+      # Reported to the test, which names the script that failed.
+      results[os.path.basename(script)] = {'error': traceback.format_exc()}
+    tf.keras.mixed_precision.set_global_policy('float32')
+    tf.keras.backend.clear_session()
+  print(json.dumps(results))
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])
