@@ -1,22 +1,24 @@
 """Runs TF 2.3-era scripts unmodified after `tf_loss_scale.compat.install()`.
 
 `python run_after_install.py SCRIPT...` runs each script in turn as
-`__main__`, resetting the global policy in between, and prints as its last
-line a JSON object mapping each script's file name to what the run left
-behind (the optimizer's state, the policy and layer dtypes, the losses) or to
-the traceback of its failure. Used by tests/test_compat.py in fresh
-processes, with and without `TF_USE_LEGACY_KERAS=1`.
+`__main__`, each in its own working directory after its own `install()`,
+restoring global state after it. Its last output line is a JSON object
+mapping each script's file name to what the run left behind (the
+optimizer's state, the policy and layer dtypes, the losses) or to the
+traceback of its failure. Used by tests/test_compat.py in fresh processes,
+with and without `TF_USE_LEGACY_KERAS=1` (tests/ must be on the path).
 """
 
+import functools
 import json
 import os
 import runpy
 import sys
-import traceback
 from typing import Any, Callable, Dict, List, Tuple
 
 import tensorflow as tf
 
+import isolation
 import tf_loss_scale
 
 
@@ -67,18 +69,17 @@ def _summary(script: str, script_globals: Dict[str, Any]) -> Dict[str, Any]:
   }
 
 
-def main(scripts: List[str]) -> None:
+def _install_and_run(script: str) -> Dict[str, Any]:
   tf_loss_scale.compat.install()
+  return _summary(script, runpy.run_path(script, run_name='__main__'))
+
+
+def main(scripts: List[str]) -> None:
   results = {}
   for script in scripts:
-    try:
-      script_globals = runpy.run_path(script, run_name='__main__')
-      results[os.path.basename(script)] = _summary(script, script_globals)
-    except Exception:  # pylint: disable=broad-except
-      # Reported to the test, which names the script that failed.
-      results[os.path.basename(script)] = {'error': traceback.format_exc()}
-    tf.keras.mixed_precision.set_global_policy('float32')
-    tf.keras.backend.clear_session()
+    summary, error = isolation.run_isolated(
+        functools.partial(_install_and_run, script))
+    results[os.path.basename(script)] = summary or {'error': error}
   print(json.dumps(results))
 
 

@@ -1,0 +1,94 @@
+"""Every ```python block in README.md runs, so the README cannot drift.
+
+The blocks run in fresh processes, one after another, each as a script of
+its own (own namespace, empty working directory, global state such as
+policies and `compat.install()` restored after it; tests/run_readme_blocks.py):
+- a block that mentions `TF_USE_LEGACY_KERAS` runs with
+  `TF_USE_LEGACY_KERAS=1` (`tf.keras` is `tf_keras`), and under Keras 3 too
+  unless it sets the variable itself (`os.environ[...]`);
+- every other block runs under Keras 3.
+Shell blocks and output listings are not run.
+"""
+
+import collections
+import functools
+import json
+import os
+import re
+
+import pytest
+
+import fresh_process
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_README = os.path.join(os.path.dirname(_TESTS), 'README.md')
+_FENCE = re.compile(r'^```(\S*)\n(.*?)^```', re.MULTILINE | re.DOTALL)
+_HEADING = re.compile(r'^#+ (.*)$', re.MULTILINE)
+_SETS_LEGACY_KERAS = re.compile(r'environ\b.*TF_USE_LEGACY_KERAS')
+
+Block = collections.namedtuple('Block', 'id heading code')
+
+
+def _read_readme():
+  with open(_README) as f:
+    return f.read()
+
+
+def _python_blocks():
+  text = _read_readme()
+  blocks = []
+  for fence in _FENCE.finditer(text):
+    if fence.group(1) != 'python':
+      continue
+    first_line = text.count('\n', 0, fence.start(2)) + 1
+    headings = _HEADING.findall(text, 0, fence.start())
+    blocks.append(Block(f'README.md:{first_line}',
+                        headings[-1] if headings else '', fence.group(2)))
+  return blocks
+
+
+def _environments(block):
+  if 'TF_USE_LEGACY_KERAS' not in block.code:
+    return ['keras3']
+  if _SETS_LEGACY_KERAS.search(block.code):
+    return ['tf_keras']
+  return ['keras3', 'tf_keras']
+
+
+_BLOCKS = _python_blocks()
+_CASES = [(block, env) for block in _BLOCKS for env in _environments(block)]
+
+
+@functools.lru_cache(maxsize=None)
+def _errors(env, tmp_dir):
+  """Runs every block meant for `env` in one fresh process; id -> error."""
+  blocks = [{'id': block.id, 'code': block.code}
+            for block, block_env in _CASES if block_env == env]
+  blocks_file = os.path.join(tmp_dir, f'readme_blocks_{env}.json')
+  with open(blocks_file, 'w') as f:
+    json.dump(blocks, f)
+  return fresh_process.run_json(
+      [os.path.join(_TESTS, 'run_readme_blocks.py'), blocks_file],
+      legacy_keras=env == 'tf_keras', timeout=600)
+
+
+def test_readme_has_python_blocks_and_no_other_python_fences():
+  assert _BLOCKS, 'no ```python blocks found in README.md'
+  # A block fenced as ```py or ```python3 would silently not be tested.
+  other = [f'```{lang}' for lang, _ in _FENCE.findall(_read_readme())
+           if lang.startswith('py') and lang != 'python']
+  assert not other, f'fence Python blocks as ```python, not {other}'
+
+
+def _case_id(block, env):
+  heading = re.sub(r'[^a-z0-9]+', '-', block.heading.lower()).strip('-')
+  return f'{block.id}-{heading}-{env}'
+
+
+@pytest.mark.parametrize('block,env', _CASES,
+                         ids=[_case_id(*case) for case in _CASES])
+def test_readme_block_runs(block, env, tmp_path_factory):
+  error = _errors(env, str(tmp_path_factory.getbasetemp()))[block.id]
+  assert error is None, (
+      f'README block at {block.id} (under "{block.heading}") failed '
+      f'under {env}:\n{block.code}\n{error}')
