@@ -44,7 +44,12 @@ def test_importing_changes_nothing(legacy_keras):
 def test_install_puts_library_classes_under_legacy_names(installed):
   from tensorflow.keras.mixed_precision import experimental as mp  # pylint: disable=g-import-not-at-top
   assert mp.LossScaleOptimizer is experimental.LossScaleOptimizer
+  # tf.keras is Keras 3 here: its Policy and global policy functions.
+  assert mp.Policy is keras.mixed_precision.Policy
+  assert mp.set_policy is keras.mixed_precision.set_global_policy
+  assert mp.global_policy is keras.mixed_precision.global_policy
   assert tf.keras.mixed_precision.experimental is mp
+  assert keras.mixed_precision.experimental is mp
   for name in ('LossScale', 'FixedLossScale', 'DynamicLossScale'):
     assert getattr(tf.train.experimental, name) is getattr(tf_loss_scale, name)
     assert (getattr(tf.mixed_precision.experimental, name)
@@ -106,6 +111,8 @@ names = {
     'global_policy': mp.global_policy is tf_keras.mixed_precision.global_policy,
     'tf.keras.mixed_precision.experimental': tf.keras.mixed_precision.experimental is mp,
     'tf_keras.mixed_precision.experimental': tf_keras.mixed_precision.experimental is mp,
+    'tf.compat.v1.keras.mixed_precision.experimental': (
+        tf.compat.v1.keras.mixed_precision.experimental is mp),
 }
 for name in ('LossScale', 'FixedLossScale', 'DynamicLossScale'):
   ours = getattr(tf_loss_scale, name)
@@ -120,8 +127,10 @@ tf_loss_scale.compat.uninstall()
 names['uninstall removes them'] = not (
     hasattr(tf.keras.mixed_precision, 'experimental') or
     hasattr(tf_keras.mixed_precision, 'experimental') or
+    hasattr(tf.compat.v1.keras.mixed_precision, 'experimental') or
     'tensorflow.keras.mixed_precision.experimental' in sys.modules or
-    hasattr(tf.train.experimental, 'DynamicLossScale'))
+    hasattr(tf.train.experimental, 'DynamicLossScale') or
+    hasattr(tf, 'mixed_precision'))
 print(json.dumps(names))
 '''
 

@@ -46,7 +46,8 @@ def install(override: bool = False) -> None:
     `set_policy` and `global_policy` (the `Policy`, `set_global_policy` and
     `global_policy` of the Keras that `tf.keras` is). The same module is
     reachable as `keras.mixed_precision.experimental` (or
-    `tf_keras.mixed_precision.experimental`) and by `import`;
+    `tf_keras.mixed_precision.experimental`), from `tf.compat.v1.keras` and
+    by `import`;
   - `tf.train.experimental` and `tf.mixed_precision.experimental` offer
     `LossScale`, `FixedLossScale` and `DynamicLossScale`.
   With `override=True`, the names TensorFlow still ships
@@ -113,18 +114,20 @@ def is_installed() -> bool:
 
 def _keras_mixed_precision_modules() -> List[types.ModuleType]:
   # The Keras `tf.keras` is (Keras 3, or tf_keras under TF_USE_LEGACY_KERAS)
-  # can have three distinct `mixed_precision` module objects:
+  # can have up to four distinct `mixed_precision` module objects:
   # `tf.keras.mixed_precision`, the one `import tensorflow.keras.
-  # mixed_precision` creates, and the Keras package's own; legacy code reaches
-  # the name through any of them. `tf.keras`'s comes first. The package is
-  # told by where `tf.keras`'s classes are defined (`tf.keras.__name__`
-  # depends on how `tf.keras` was first reached).
+  # mixed_precision` creates, the Keras package's own and tf_keras's v1 API
+  # (`tf.compat.v1.keras`); legacy code reaches the name through any of them.
+  # `tf.keras`'s comes first. The package is told by where `tf.keras`'s
+  # classes are defined (`tf.keras.__name__` depends on how `tf.keras` was
+  # first reached).
   tf_keras_mixed_precision = tf.keras.mixed_precision
   keras_package = importlib.import_module(
       tf_keras_mixed_precision.Policy.__module__.split('.')[0])
   modules = [tf_keras_mixed_precision,
              importlib.import_module('tensorflow.keras.mixed_precision'),
-             keras_package.mixed_precision]
+             keras_package.mixed_precision,
+             tf.compat.v1.keras.mixed_precision]
   return [m for i, m in enumerate(modules) if m not in modules[:i]]
 
 
