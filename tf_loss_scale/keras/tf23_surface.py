@@ -131,7 +131,10 @@ class TF23Surface:
     with tape:
       if callable(loss):
         if not callable(var_list):
-          tape.watch(var_list)
+          # Keras 3 variables cannot be watched, and need not be: reads of a
+          # trainable variable are recorded anyway.
+          tape.watch([v for v in tf.nest.flatten(var_list)
+                      if isinstance(v, tf.Variable)])
         loss = loss()
       scaled_loss = self.get_scaled_loss(loss)
     if callable(var_list):
