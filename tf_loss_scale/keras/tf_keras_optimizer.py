@@ -33,6 +33,7 @@ from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
+from tf_loss_scale import step
 from tf_loss_scale.keras import tf23_surface
 
 _DelegatingTrackable = tf.__internal__.tracking.DelegatingTrackableMixin
@@ -162,14 +163,17 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
   # ---- the step -----------------------------------------------------------
 
   def _apply_unscaled(self, grads_and_vars: Iterable[Tuple[Any, Any]],
-                      apply_inner: Callable[[List[Tuple[Any, Any]]], Any]
-                     ) -> Optional[tf.Operation]:
-    """Applies unscaled gradients with `apply_inner` if all are finite.
+                      apply_inner: Callable[[List[Tuple[Any, Any]]], Any],
+                      aggregate: bool) -> Optional[tf.Operation]:
+    """Runs the step on unscaled gradients (`step.apply_step`).
 
     Args:
       grads_and_vars: `(gradient, variable)` pairs, gradients unscaled.
       apply_inner: Applies a list of pairs with the inner optimizer, in a
-        replica context.
+        replica context, without summing the gradients across replicas.
+      aggregate: Whether the gradients still need summing across replicas:
+        then the step sums them once and decides on the sums; otherwise
+        they are applied as given.
 
     Returns:
       In a graph, an op that runs the step; None eagerly.
@@ -182,21 +186,14 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     distribute.check_strategy_supported(where)
     distribute.require_replica_context(where)
     pairs = list(grads_and_vars)
-    grads = [g for g, _ in pairs]
     variables = [v for _, v in pairs]
-
-    def apply_if_finite(strategy, grads):
-      update_op, should_apply = self._loss_scale.update(grads)
-      applied = distribute.apply_on_every_replica_if(
-          strategy, should_apply,
-          lambda replica_grads: apply_inner(list(zip(replica_grads,
-                                                     variables))),
-          (grads,), on_skip=self._count_skipped_step)
-      return execution.op_in_graph_mode(
-          lambda: tf.group([update_op, applied] if update_op is not None
-                           else [applied]))
-
-    return distribute.merge_to_cross_replica(apply_if_finite, grads)
+    update_op, applied = step.apply_step(
+        [g for g, _ in pairs], step.LossScaleState(self._loss_scale),
+        lambda grads: apply_inner(list(zip(grads, variables))),
+        reduces=not aggregate, on_skip=self._count_skipped_step)
+    return execution.op_in_graph_mode(
+        lambda: tf.group([op for op in (update_op, applied)
+                          if op is not None and op is not True]))
 
   def _count_skipped_step(self) -> Any:
     # TF 2.3: `iterations` counts every step, applied or skipped.
@@ -252,7 +249,8 @@ class LossScaleOptimizerV2(_TfKerasLossScaleOptimizer,
       grads_and_vars: `(gradient, variable)` pairs, gradients already
         unscaled (see `get_unscaled_gradients`).
       name: Passed to the inner optimizer.
-      experimental_aggregate_gradients: Passed to the inner optimizer.
+      experimental_aggregate_gradients: Whether to sum the gradients across
+        replicas (once; the verdict is taken on the sums).
 
     Returns:
       In a graph, an op that runs the step; None eagerly.
@@ -260,8 +258,8 @@ class LossScaleOptimizerV2(_TfKerasLossScaleOptimizer,
     return self._apply_unscaled(
         grads_and_vars,
         lambda pairs: self.inner_optimizer.apply_gradients(
-            pairs, name=name,
-            experimental_aggregate_gradients=experimental_aggregate_gradients))
+            pairs, name=name, experimental_aggregate_gradients=False),
+        aggregate=experimental_aggregate_gradients)
 
   def minimize(self, loss: Any, var_list: Any,
                grad_loss: Optional[tf.Tensor] = None,
@@ -378,7 +376,9 @@ class LossScaleOptimizerV3(_TfKerasLossScaleOptimizer,
       grads_and_vars: `(gradient, variable)` pairs, gradients already
         unscaled (see `get_unscaled_gradients`).
       name: Passed to the inner optimizer.
-      skip_gradients_aggregation: Passed to the inner optimizer.
+      skip_gradients_aggregation: Whether the gradients are already summed
+        across replicas (otherwise they are summed once and the verdict is
+        taken on the sums).
       **kwargs: Passed to the inner optimizer.
 
     Returns:
@@ -387,8 +387,8 @@ class LossScaleOptimizerV3(_TfKerasLossScaleOptimizer,
     return self._apply_unscaled(
         grads_and_vars,
         lambda pairs: self.inner_optimizer.apply_gradients(
-            pairs, name=name,
-            skip_gradients_aggregation=skip_gradients_aggregation, **kwargs))
+            pairs, name=name, skip_gradients_aggregation=True, **kwargs),
+        aggregate=not skip_gradients_aggregation)
 
   def compute_gradients(self, loss: Any, var_list: Any,
                         tape: Optional[tf.GradientTape] = None
