@@ -46,7 +46,10 @@ def test_all_finite_on_every_replica_without_a_strategy():
     ((1.0, INF), False),
     ((NAN, 1.0), False),
     ((-INF, NAN), False),
-    ((3e38, 3e38), True),
+    # Each finite, but their float32 sum (6e38) overflows: the sum that an
+    # optimizer applies is what counts.
+    ((3e38, 3e38), False),
+    ((1.5e38, 1.5e38), True),
 ])
 def test_all_finite_on_every_replica_sees_each_replica(mirrored_strategy,
                                                        values, expected):
@@ -74,6 +77,36 @@ def test_all_finite_on_every_replica_refuses_a_replica_context(
       RuntimeError, match='cross-replica context.*replica context.*merge_call'):
     mirrored_strategy.run(
         lambda: distribute.all_finite_on_every_replica([tf.constant(1.0)]))
+
+
+def test_all_finite_on_every_replica_sees_a_float16_sum_overflow(
+    mirrored_strategy):
+  # 40000 fits in float16 (largest 65504); 40000 + 40000 does not.
+  def value_fn(context):
+    value = [40000.0, 20000.0][context.replica_id_in_sync_group]
+    return [tf.constant([value, 1.0], tf.float16)]
+
+  big = mirrored_strategy.experimental_distribute_values_from_function(
+      lambda context: [tf.constant([40000.0, 1.0], tf.float16)])
+  fits = mirrored_strategy.experimental_distribute_values_from_function(
+      value_fn)
+  with mirrored_strategy.scope():
+    assert not bool(distribute.all_finite_on_every_replica(big))
+    assert bool(distribute.all_finite_on_every_replica(fits))
+
+
+def test_all_reduce_in_replica_sums_once_and_keeps_none(mirrored_strategy):
+
+  def replica_fn():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    grad = tf.cast(replica + 1, tf.float32) * tf.constant([1.0, 10.0])
+    return distribute.all_reduce_in_replica([grad, None])
+
+  reduced, none = mirrored_strategy.run(replica_fn)
+  assert none is None
+  for replica, value in enumerate(_local(mirrored_strategy, reduced)):
+    np.testing.assert_array_equal(value, [3.0, 30.0],
+                                  err_msg=f'replica {replica}')
 
 
 def test_all_finite_in_any_context_agrees_across_replicas(mirrored_strategy):

@@ -6,7 +6,7 @@ whether a step's gradients are finite, so all of them skip or apply together
 and their loss scales never drift apart.
 """
 
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, List, Sequence, Union
 
 import tensorflow as tf
 
@@ -30,12 +30,14 @@ def _unsupported_strategy_types() -> tuple:
 
 
 def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
-  """Tells whether every gradient on every replica is finite.
+  """Tells whether the gradients, summed across replicas, are certainly finite.
 
   Outside any strategy this is `gradients.all_finite(grads)`. Under a strategy
-  it must run in the cross-replica context, where `grads` may hold per-replica
-  values: each replica counts its own verdict and the counts are summed across
-  replicas (and workers), so one replica's overflow is seen by all.
+  it must run in the cross-replica context, where `grads` are each replica's
+  own gradients (per-replica values) that the optimizer will all-reduce when
+  it applies them. One scalar is reduced across replicas (and workers), as
+  described in `sum_stays_finite_in_replica`, so an overflow on any replica,
+  or one that only the sum would make, is seen by all.
 
   Args:
     grads: A nested structure of gradients, possibly per-replica values.
@@ -50,19 +52,18 @@ def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
     return gradients.all_finite(grads)
   require_cross_replica_context('Deciding whether gradients are finite')
   strategy = tf.distribute.get_strategy()
-  non_finite = strategy.extended.call_for_each_replica(_non_finite,
-                                                      args=(grads,))
-  return tf.equal(
-      strategy.reduce(tf.distribute.ReduceOp.SUM, non_finite, axis=None), 0.0)
+  shares = strategy.extended.call_for_each_replica(_share_of_largest_sum,
+                                                  args=(grads,))
+  return _sum_fits(
+      strategy.reduce(tf.distribute.ReduceOp.SUM, shares, axis=None))
 
 
 def all_finite_in_any_context(grads: Any) -> tf.Tensor:
-  """Tells whether every gradient on every replica is finite, from anywhere.
+  """`all_finite_on_every_replica`, callable from a replica context too.
 
-  In the cross-replica context this is `all_finite_on_every_replica`. In a
-  replica context (inside `strategy.run`) each replica tests its own
-  gradients and the verdicts are all-reduced, so every replica gets the same
-  answer without a merge_call.
+  In a replica context (inside `strategy.run`) each replica computes its
+  share of the bound and the shares are all-reduced, so every replica gets
+  the same answer without a merge_call.
 
   Args:
     grads: A nested structure of gradients (per-replica values only in the
@@ -74,8 +75,52 @@ def all_finite_in_any_context(grads: Any) -> tf.Tensor:
   if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
     return all_finite_on_every_replica(grads)
   total = tf.distribute.get_replica_context().all_reduce(
-      tf.distribute.ReduceOp.SUM, _non_finite(grads))
-  return tf.equal(total, 0.0)
+      tf.distribute.ReduceOp.SUM, _share_of_largest_sum(grads))
+  return _sum_fits(total)
+
+
+def all_reduce_in_replica(grads: Sequence[Any]) -> List[Any]:
+  """Sums gradients across replicas, from a replica context, in one batch.
+
+  This is the reduction an optimizer would make before applying them; a
+  step that reduces here must apply the result without reducing again.
+
+  Args:
+    grads: A list of gradients; `None` entries are kept as `None`.
+
+  Returns:
+    A list like `grads` holding the sums, identical on every replica. With no
+    strategy (or one replica) the gradients themselves.
+  """
+  present = [i for i, g in enumerate(grads) if g is not None]
+  if not tf.distribute.has_strategy() or not present:
+    return list(grads)
+  reduced = tf.distribute.get_replica_context().all_reduce(
+      tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+  result = list(grads)
+  for i, value in zip(present, reduced):
+    result[i] = value
+  return result
+
+
+def first_replica_value(value: Any) -> Any:
+  """The first local replica's component of values met in a merge_call.
+
+  For values that every replica computed identically (a verdict on
+  all-reduced gradients), this is everyone's value without communication.
+
+  Args:
+    value: A nested structure, possibly of per-replica values.
+
+  Returns:
+    The structure with every per-replica value replaced by its first local
+    component.
+  """
+  if not tf.distribute.has_strategy():
+    return value
+  strategy = tf.distribute.get_strategy()
+  return tf.nest.map_structure(
+      lambda v: strategy.experimental_local_results(v)[0], value)
 
 
 def require_cross_replica_context(what: str) -> None:
@@ -202,9 +247,35 @@ def check_strategy_supported(where: str) -> None:
         'MirroredStrategy, MultiWorkerMirroredStrategy or no strategy.')
 
 
-def _non_finite(grads: Any) -> tf.Tensor:
-  # One replica's verdict as a number, so that replicas can sum them.
-  return tf.cast(tf.logical_not(gradients.all_finite(grads)), tf.float32)
+def _share_of_largest_sum(grads: Any) -> tf.Tensor:
+  """One replica's share of a bound on how large the summed gradients get.
+
+  The share is the largest magnitude of each gradient divided by the largest
+  finite value of its dtype, maximised over the gradients (inf when any
+  value is inf or NaN). Elementwise, |sum over replicas| <= sum of the
+  replicas' largest magnitudes, so when the shares add up to at most 1 no
+  sum (nor any partial sum, in any reduction order) can overflow. The bound
+  is conservative only when the replicas' largest magnitudes together pass
+  their dtype's largest value, which for float32 gradients never happens in
+  practice and for float16 ones means gradients near 32768 on two replicas.
+  """
+  values = gradients.dense_values(grads)
+  if not values:
+    return tf.constant(0.0)
+  # Divided in float32: a float16 quotient would round by up to 2**-11.
+  shares = [
+      tf.cast(tf.reduce_max(tf.abs(v)), tf.float32) / v.dtype.max
+      for v in values
+  ]
+  return tf.where(gradients.all_finite(values),
+                  tf.reduce_max(tf.stack(shares)), float('inf'))
+
+
+def _sum_fits(total: tf.Tensor) -> tf.Tensor:
+  # The shares are float32 roundings; the margin keeps the bound safe for
+  # float32 gradients too, whose overflow threshold is within 2**-25 of
+  # their largest value.
+  return tf.less_equal(total, 1.0 - 2.0**-20)
 
 
 def _one_side_runs(

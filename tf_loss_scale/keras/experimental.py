@@ -1,11 +1,23 @@
 """`LossScaleOptimizer(optimizer, loss_scale)`: the TF 2.0-2.3 Keras form.
 
 The class that `tf.keras.mixed_precision.experimental.LossScaleOptimizer`
-was, rebuilt on Keras 3 optimizers so that code written for TF 2.0-2.3 runs.
+was, for code written for TF 2.0-2.3. Its path is picked by the type of the
+optimizer it wraps:
+
+- a Keras 3 optimizer (`keras.optimizers.*`, what `tf.keras` is on TF 2.16
+  and later): this module's class;
+- a tf_keras optimizer, legacy (`tf_keras.optimizers.legacy.*`, what TF 2.3
+  wrapped) or not: `tf_keras_optimizer.LossScaleOptimizerV2`/`V3`, imported
+  only then.
+
+`isinstance(opt, LossScaleOptimizer)` holds on every path. The contract is
+TF 2.3's everywhere: `apply_gradients` takes unscaled gradients, `minimize`
+takes the loss, `get_scaled_loss`/`get_unscaled_gradients` are for custom
+loops, and nothing is remembered between calls.
 """
 
 import copy
-import threading
+import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import keras
@@ -14,19 +26,52 @@ import tensorflow as tf
 from tf_loss_scale import checkpointing
 from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
+from tf_loss_scale import precision
+from tf_loss_scale.keras import tf23_surface
 from tf_loss_scale.keras import wrapping
 
-LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
-                          Dict[str, Any]]
+LossScaleArgument = tf23_surface.LossScaleArgument
+
+
+class _PathByInnerOptimizer(type):
+  """Builds the class for the inner optimizer's type; `isinstance` spans all.
+
+  Only `LossScaleOptimizer` itself dispatches: a subclass is always itself.
+  """
+
+  def __call__(cls, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+    if cls is LossScaleOptimizer and _is_tf_keras_optimizer(optimizer):
+      # pylint: disable=g-import-not-at-top
+      from tf_loss_scale.keras import tf_keras_optimizer
+      return tf_keras_optimizer.wrap(optimizer, *args, **kwargs)
+    return super().__call__(optimizer, *args, **kwargs)
+
+  def __instancecheck__(cls, instance: Any) -> bool:
+    if cls is LossScaleOptimizer and isinstance(instance,
+                                                tf23_surface.TF23Surface):
+      return True
+    return super().__instancecheck__(instance)
+
+
+def _is_tf_keras_optimizer(optimizer: Any) -> bool:
+  # No tf_keras optimizer can exist before tf_keras is imported, so it is
+  # never imported here.
+  tf_keras = sys.modules.get('tf_keras')
+  if tf_keras is None:
+    return False
+  return isinstance(optimizer, (tf_keras.optimizers.legacy.Optimizer,
+                                tf_keras.optimizers.Optimizer))
 
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.experimental', name='LossScaleOptimizer')
-class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
-                         wrapping.LossScaleOptimizerBase):
-  """Loss scaling around a Keras 3 optimizer, with TF 2.3's API.
+class LossScaleOptimizer(tf23_surface.TF23Surface,
+                         checkpointing.HidesForwardedSlots,
+                         wrapping.LossScaleOptimizerBase,
+                         metaclass=_PathByInnerOptimizer):
+  """Loss scaling with TF 2.3's API, around any Keras or tf_keras optimizer.
 
-  Custom loop (gradients are unscaled before `apply_gradients`, as in TF 2.3):
+  Custom loop (as in TF 2.3):
 
   ```python
   opt = LossScaleOptimizer(tf.keras.optimizers.SGD(0.1), 'dynamic')
@@ -36,16 +81,23 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
   opt.apply_gradients(zip(grads, variables))
   ```
 
-  `apply_gradients` applies the step only if every gradient on every
-  replica is finite; a skipped step changes no variable or slot, the loss
-  scale updates either way, and `iterations` counts every call. In
-  `model.fit` (which calls `scale_loss` and then passes scaled gradients)
-  the loss is scaled once and unscaled once.
+  `apply_gradients` (and `apply`) take unscaled gradients and apply them
+  only if every gradient on every replica is finite; a skipped step changes
+  no variable or slot, the loss scale updates either way, and `iterations`
+  counts every call (an inner optimizer that accumulates gradients is left
+  untouched by a skipped step instead). `minimize` takes the loss.
 
   Everything else is the inner optimizer's: `learning_rate`/`lr`,
-  `iterations`, clipping (applied to the unscaled gradients of finite steps
-  only), slots, weights and hyperparameters such as `beta_1`. Slot names are
-  the Keras 3 inner optimizer's (`'momentum'`, `'velocity'`, ...).
+  `iterations`, clipping (of the unscaled gradients of finite steps only),
+  slots, weights, and its hyperparameters (the arguments in its
+  `get_config()`, read and written on it). The checkpoint is the inner
+  optimizer's plus a `loss_scale` dependency, so checkpoints move between
+  the wrapper and the bare inner optimizer in both directions.
+
+  With a Keras 3 inner optimizer, Keras 3's `model.fit` cannot be used: it
+  passes gradients of `scale_loss` to `apply_gradients`, which here takes
+  unscaled ones (see `scale_loss`). Use `tf_loss_scale.keras.
+  LossScaleOptimizer` there, or a tf_keras optimizer with tf_keras.
   """
 
   def __init__(self, optimizer: keras.optimizers.Optimizer,
@@ -53,20 +105,28 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
     """Wraps `optimizer`.
 
     Args:
-      optimizer: A Keras 3 optimizer (what `tf.keras.optimizers.*` returns).
+      optimizer: A Keras 3 optimizer, or a tf_keras optimizer (then the
+        object made is of a tf_keras class, still an instance of this one).
       loss_scale: `'dynamic'` (a `DynamicLossScale` with its defaults), a
         number (a fixed scale), a `LossScale`, or the output of
         `tf_loss_scale.serialize`.
 
     Raises:
-      TypeError: If `optimizer` is not a Keras 3 optimizer.
+      TypeError: If `optimizer` is not an optimizer of either family.
       ValueError: If `optimizer` is a loss scale optimizer or already
         wrapped, or `loss_scale` is None or not one of the above.
     """
-    super().__init__(optimizer, _loss_scale_from(loss_scale))
-    # Whether scale_loss ran on this thread since the last apply: see
-    # _grads_are_scaled.
-    self._scaled_loss_pending = threading.local()
+    super().__init__(optimizer, tf23_surface.loss_scale_from(loss_scale))
+    precision.warn_if_scaling_is_not_needed(
+        keras.mixed_precision.global_policy().compute_dtype,
+        'LossScaleOptimizer')
+    names = tf23_surface.hyperparameter_names(optimizer)
+    # Keras's base __init__ gave the wrapper its own unused copies of some
+    # hyperparameters (weight_decay, use_ema, ...); drop them so that every
+    # hyperparameter is read and written on the inner optimizer.
+    for name in names & set(self.__dict__):
+      del self.__dict__[name]
+    self._hyperparameter_names = names
 
   @property
   def iterations(self) -> Any:
@@ -78,31 +138,37 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
     self.inner_optimizer.iterations.assign(value)
 
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
-    """Scales a loss whose gradients then reach `apply_gradients` scaled.
+    """Refused: Keras 3's protocol conflicts with TF 2.3's `apply_gradients`.
 
-    This is the hook Keras 3's `Model.fit` calls before differentiating; a
-    TF 2.3-style loop calls `get_scaled_loss` and unscales the gradients
-    itself instead.
+    Keras 3's `model.fit` (and Keras 3 custom loops) call `scale_loss` and
+    then pass the gradients of the scaled loss to `apply_gradients`; this
+    class's `apply_gradients` takes unscaled gradients, as in TF 2.3, and
+    cannot tell the two apart. Refusing here, where the mix starts, is what
+    keeps both from silently taking a step `loss_scale` times too large.
 
-    Args:
-      loss: A loss tensor or a zero-argument callable returning one.
-
-    Returns:
-      The scaled loss (or callable).
+    Raises:
+      RuntimeError: Always, saying what to use instead.
     """
-    self._scaled_loss_pending.value = True
-    return super().scale_loss(loss)
+    raise RuntimeError(
+        'The experimental (TF 2.3) LossScaleOptimizer has no scale_loss(): '
+        'its apply_gradients() takes unscaled gradients. In a custom loop, '
+        'use get_scaled_loss() and get_unscaled_gradients() (or minimize()). '
+        'For Keras 3 model.fit, use tf_loss_scale.keras.LossScaleOptimizer('
+        'inner_optimizer, initial_scale, dynamic_growth_steps) instead, or a '
+        'tf_keras optimizer with tf_keras (TF_USE_LEGACY_KERAS=1).')
 
   def _grads_are_scaled(self) -> bool:
-    # Keras 3's Model.fit calls scale_loss and then apply_gradients on the
-    # same thread (one thread per replica under MirroredStrategy); a TF 2.3
-    # loop never calls scale_loss and passes unscaled gradients.
-    pending = getattr(self._scaled_loss_pending, 'value', False)
-    self._scaled_loss_pending.value = False
-    return pending
+    # TF 2.3: apply_gradients and apply take unscaled gradients, always.
+    return False
 
   def _on_skipped_step(self) -> None:
-    self.inner_optimizer.iterations.assign_add(1)
+    # TF 2.3 counts a skipped step in `iterations`. An accumulating optimizer
+    # has no such counter of its own (Keras derives `iterations` from its
+    # micro-step count), and counting a skipped micro-step there would end
+    # its accumulation window early with a gradient missing: it is left
+    # untouched, so its window is always its number of finite micro-steps.
+    if not self.inner_optimizer.gradient_accumulation_steps:
+      self.inner_optimizer.iterations.assign_add(1)
 
   def apply_gradients(self, grads_and_vars: Any, name: Optional[str] = None,
                       experimental_aggregate_gradients: bool = True) -> Any:
@@ -166,23 +232,9 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
     Raises:
       ValueError: If `loss` is a tensor and no `tape` is given.
     """
-    if not callable(loss) and tape is None:
-      raise ValueError(
-          'minimize() needs tape= when loss is a tensor; or pass the loss as '
-          'a zero-argument callable.')
-    tape = tape if tape is not None else tf.GradientTape()
-    with tape:
-      if callable(loss):
-        if not callable(var_list):
-          tape.watch(var_list)
-        loss = loss()
-      scaled_loss = self.get_scaled_loss(loss)
-    if callable(var_list):
-      var_list = var_list()
-    var_list = list(var_list)
-    grads = tape.gradient(scaled_loss, var_list, grad_loss)
-    return self.apply_gradients(
-        zip(self.get_unscaled_gradients(grads), var_list), name=name)
+    grads, var_list = self.gradients_of_scaled_loss(loss, var_list, tape,
+                                                    grad_loss)
+    return self.apply_gradients(zip(grads, var_list), name=name)
 
   # ---- slots and weights (the inner optimizer's) --------------------------
 
@@ -204,6 +256,10 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
   def get_slot(self, var: Any, slot_name: str) -> Any:
     """Returns the inner optimizer's slot `slot_name` for `var`.
 
+    Found by `var`'s identity: Keras names a slot after its variable, and
+    two variables may share a name (two unnamed `tf.Variable`s do), so among
+    slots of the same name the one created for `var`'s position is taken.
+
     Args:
       var: A model variable the optimizer was built with.
       slot_name: One of `get_slot_names()`.
@@ -212,20 +268,31 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
       The slot variable.
 
     Raises:
-      KeyError: If `var` has no slot of that name.
+      KeyError: If `var` is not one of the optimizer's variables or has no
+        slot of that name.
     """
-    wanted = f'{_slot_prefix(var)}_{slot_name}'
-    for variable in self.inner_optimizer.variables:
-      if variable.name == wanted:
-        return variable
-    raise KeyError(
-        f'No slot {slot_name!r} for variable {var.name!r}; slots: '
-        f'{self.get_slot_names()}.')
+    trainable = list(getattr(self, '_trainable_variables', []))
+    position = next((i for i, v in enumerate(trainable) if v is var), None)
+    if position is None:
+      raise KeyError(
+          f'{_describe(var)} is not a variable this optimizer was built '
+          'with; call build(variables) or apply the gradients first.')
+    prefix = _slot_prefix(var)
+    # Variables before `var` with the same name own the earlier slots of
+    # that name: Keras creates slots in the order of the variables.
+    rank = sum(1 for v in trainable[:position] if _slot_prefix(v) == prefix)
+    same_name = [v for v in self.inner_optimizer.variables
+                 if v.name == f'{prefix}_{slot_name}']
+    if rank >= len(same_name):
+      raise KeyError(
+          f'No slot {slot_name!r} for {_describe(var)}; slots: '
+          f'{self.get_slot_names()}.')
+    return same_name[rank]
 
   def get_slot_names(self) -> List[str]:
     """Returns the sorted names of the inner optimizer's slots."""
-    prefixes = [_slot_prefix(v) + '_'
-                for v in getattr(self, '_trainable_variables', [])]
+    prefixes = {_slot_prefix(v) + '_'
+                for v in getattr(self, '_trainable_variables', [])}
     return sorted({
         variable.name[len(prefix):]
         for variable in self.inner_optimizer.variables
@@ -247,6 +314,16 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
     self.inner_optimizer.set_weights(weights)
 
   # ---- config -------------------------------------------------------------
+
+  def _trackable_children(self, save_type='checkpoint', **kwargs):
+    # TF 2.3's checkpoint format: the inner optimizer's dependencies plus
+    # `loss_scale`, so that a checkpoint of the wrapper restores into the
+    # bare inner optimizer and back. The wrapper's own unused Keras state
+    # (its iterations and learning rate) is left out.
+    children = dict(self.inner_optimizer._trackable_children(  # pylint: disable=protected-access
+        save_type, **kwargs))
+    children['loss_scale'] = self.loss_scale
+    return children
 
   def get_config(self) -> Dict[str, Any]:
     """Returns `{'optimizer': ..., 'loss_scale': ...}`, TF 2.3's format."""
@@ -276,14 +353,8 @@ class LossScaleOptimizer(checkpointing.HidesForwardedSlots,
     return cls(optimizer, config['loss_scale'])
 
 
-def _loss_scale_from(loss_scale: Any) -> loss_scale_lib.LossScale:
-  if loss_scale is None:
-    raise ValueError(
-        "loss_scale cannot be None: pass 'dynamic', a number, a LossScale or "
-        'a serialized LossScale dict.')
-  if isinstance(loss_scale, dict):
-    return loss_scale_lib.deserialize(loss_scale)
-  return loss_scale_lib.get(loss_scale)
+def _describe(var: Any) -> str:
+  return f'variable {getattr(var, "name", var)!r} of shape {tuple(var.shape)}'
 
 
 def _slot_prefix(var: Any) -> str:

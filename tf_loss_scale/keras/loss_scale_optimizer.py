@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from tf_loss_scale import gradients
+from tf_loss_scale import step
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale.keras import wrapping
 
@@ -155,23 +156,21 @@ class LossScaleOptimizer(wrapping.LossScaleOptimizerBase):
           f'{len(optimizer_variables)} and {len(trainable_variables)}.')
     values = {id(v): tf.convert_to_tensor(x)
               for v, x in zip(variables, optimizer_variables)}
-    scale = values[id(self.loss_scale.current_loss_scale)]
-    good_steps = values[id(self.loss_scale.good_steps)]
-    grads = list(grads)
-    finite = gradients.all_finite(grads)
-    new_scale, new_good_steps = loss_scale_lib.next_dynamic_state(
-        scale, good_steps, finite, self.dynamic_growth_steps,
-        self.loss_scale.multiplier)
     inner_variables = list(self.inner_optimizer.variables)
     old_model = [tf.convert_to_tensor(x) for x in trainable_variables]
     old_inner = [values[id(v)] for v in inner_variables]
-    unscaled = wrapping.unscale_for_variables(grads, model_variables, scale)
-    new_model, new_inner = tf.cond(
-        finite,
-        lambda: _run_on_values(self.inner_optimizer, unscaled,
-                               model_variables + inner_variables,
-                               old_model + old_inner, len(model_variables)),
-        lambda: (old_model, old_inner))
+    _, (new_scale, new_good_steps), (new_model, new_inner) = (
+        step.stateless_step(
+            grads, values[id(self.loss_scale.current_loss_scale)],
+            values[id(self.loss_scale.good_steps)], self.dynamic_growth_steps,
+            self.loss_scale.multiplier,
+            [not getattr(v, 'overwrite_with_gradient', False)
+             for v in model_variables],
+            lambda unscaled: _run_on_values(
+                self.inner_optimizer, unscaled,
+                model_variables + inner_variables, old_model + old_inner,
+                len(model_variables)),
+            lambda: (old_model, old_inner)))
     values.update(zip(map(id, inner_variables), new_inner))
     values[id(self.loss_scale.current_loss_scale)] = new_scale
     values[id(self.loss_scale.good_steps)] = new_good_steps

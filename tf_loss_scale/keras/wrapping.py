@@ -24,6 +24,7 @@ import tensorflow as tf
 from tf_loss_scale import distribute
 from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
+from tf_loss_scale import step
 
 # The inner optimizer of each live wrapper: one optimizer wrapped twice would
 # take two steps per step and keep two loss scales.
@@ -242,15 +243,16 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
       raise ValueError(
           f'apply() got {len(grads)} gradients for '
           f'{len(trainable_variables)} variables.')
+    scaled = None
     if self._grads_are_scaled():
-      grads = unscale_for_variables(grads, trainable_variables,
-                                    self._loss_scale())
-    # The variables are the same objects on every replica, so they are
-    # captured rather than passed through merge_call (which would turn them
-    # into tensors in a tf.function).
-    distribute.merge_to_cross_replica(
-        lambda strategy, g: self._apply_if_finite(strategy, g,
-                                                  trainable_variables), grads)
+      # Variables Keras overwrites with their "gradient" (float8 scaling
+      # factors) receive values, not derivatives of the scaled loss.
+      scaled = [not getattr(v, 'overwrite_with_gradient', False)
+                for v in trainable_variables]
+    step.apply_step(
+        grads, step.LossScaleState(self._loss_scale),
+        lambda g: self.inner_optimizer.apply(g, trainable_variables),
+        scaled=scaled, on_skip=self._on_skipped_step)
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]) -> Any:
     """Applies `(gradient, variable)` pairs like `apply`.
@@ -264,16 +266,6 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     grads, trainable_variables = _unzip(grads_and_vars)
     self.apply(grads, trainable_variables)
     return self.iterations
-
-  def _apply_if_finite(self, strategy: tf.distribute.Strategy,
-                       grads: List[Any],
-                       trainable_variables: List[Any]) -> None:
-    # The update op needs no explicit dependency: eagerly it has run, and in
-    # a tf.function stateful ops run in program order.
-    _, should_apply = self._loss_scale.update(grads)
-    distribute.apply_on_every_replica_if(
-        strategy, should_apply, self.inner_optimizer.apply,
-        (grads, trainable_variables), on_skip=self._on_skipped_step)
 
   def _grads_are_scaled(self) -> bool:
     """Whether the gradients given to `apply` are still multiplied."""
@@ -305,21 +297,6 @@ def _check_inner_optimizer(inner_optimizer: Any) -> None:
         'inner_optimizer has loss_scale_factor='
         f'{inner_optimizer.loss_scale_factor!r}; the loss would be scaled '
         'twice. Create it with loss_scale_factor=None.')
-
-
-def unscale_for_variables(grads: List[Any], trainable_variables: List[Any],
-                 scale: tf.Tensor) -> List[Any]:
-  """Unscales gradients, except those Keras writes over their variables.
-
-  Variables with `overwrite_with_gradient` (float8 scaling factors) receive
-  values, not derivatives of the scaled loss, so their "gradients" are kept.
-  """
-  overwritten = [
-      getattr(v, 'overwrite_with_gradient', False) for v in trainable_variables
-  ]
-  unscaled = gradients.unscale(
-      [None if o else g for g, o in zip(grads, overwritten)], scale)
-  return [g if o else u for g, u, o in zip(grads, unscaled, overwritten)]
 
 
 def _unzip(grads_and_vars: Iterable[Tuple[Any, Any]]) -> Tuple[list, list]:
