@@ -26,20 +26,21 @@ def _name(cls: type) -> str:
   return f'{cls.__module__}.{cls.__qualname__}'
 
 
-def _guide_results(script_globals: Dict[str, Any]) -> Tuple[List[float], float]:
+def _guide_loop(script_globals: Dict[str, Any]) -> Tuple[List[float], float]:
   return (script_globals['epoch_losses'],
           float(script_globals['test_accuracy'].result()))
 
 
-def _fit_results(script_globals: Dict[str, Any]) -> Tuple[List[float], float]:
+def _fit(script_globals: Dict[str, Any]) -> Tuple[List[float], float]:
   return (script_globals['history'].history['loss'],
           float(script_globals['test_accuracy']))
 
 
-# Where each script leaves its per-epoch training losses and test accuracy.
+# Where each script leaves the per-epoch training losses and test accuracy of
+# its run with `optimizer`.
 _RESULTS: Dict[str, Callable[[Dict[str, Any]], Tuple[List[float], float]]] = {
-    'tf23_custom_training_loop.py': _guide_results,
-    'tf23_compile_fit.py': _fit_results,
+    'tf23_custom_training_loop.py': _guide_loop,
+    'tf23_compile_fit.py': _fit,
 }
 
 
@@ -56,16 +57,18 @@ def _summary(script: str, script_globals: Dict[str, Any]) -> Dict[str, Any]:
       'good_steps': int(loss_scale.good_steps.numpy()),
       'skipped_steps': int(loss_scale.skipped_steps.numpy()),
       'iterations': int(optimizer.iterations.numpy()),
-      # compile under mixed_float16 must keep the wrapper, not wrap it again.
-      'model_optimizer_is_the_wrapper': (
-          getattr(model, 'optimizer', None) is optimizer),
+      'losses': [float(loss) for loss in losses],
+      'test_accuracy': test_accuracy,
+      # What `compile` made of the optimizer it was given, and what `fit`
+      # did with it.
+      'compiled_optimizer': _name(type(model.optimizer)),
+      'compiled_optimizer_is_optimizer': model.optimizer is optimizer,
+      'fit_losses': script_globals['history'].history['loss'],
       'global_policy': policy.name,
       'policy_package': type(policy).__module__.split('.')[0],
       'layer_policies': [layer.dtype_policy.name for layer in model.layers
                          if layer.weights],
       'output_dtype': tf.as_dtype(model.outputs[0].dtype).name,
-      'losses': [float(loss) for loss in losses],
-      'test_accuracy': test_accuracy,
   }
 
 

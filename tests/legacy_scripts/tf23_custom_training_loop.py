@@ -1,11 +1,15 @@
-"""The TF 2.3 mixed precision guide's custom training loop, as TF 2.3 code.
+"""The TF 2.3 mixed precision guide, as TF 2.3 code: `fit`, then a custom loop.
 
 Written for TensorFlow 2.3 and left in that style: the API calls of the
 guide (`tensorflow/docs`, `site/en/guide/mixed_precision.ipynb` before it
 moved to the non-experimental API) in the guide's order, on the guide's CPU
-model size, with a small synthetic data set instead of the MNIST download.
-It must run unchanged once `tf_loss_scale.compat.install()` has been called,
-whether `tf.keras` is Keras 3 or tf_keras (`TF_USE_LEGACY_KERAS=1`).
+model size, with a small synthetic data set instead of the MNIST download
+and fewer epochs. First `compile` and `fit` with a plain optimizer (under
+`mixed_float16`, `compile` adds the loss scaling), then, from the same
+initial weights, the custom training loop with
+`LossScaleOptimizer(optimizer, loss_scale='dynamic')`. It must run unchanged
+once `tf_loss_scale.compat.install()` has been called, whether `tf.keras` is
+Keras 3 or tf_keras (`TF_USE_LEGACY_KERAS=1`).
 """
 
 import numpy as np
@@ -39,6 +43,16 @@ y_test = rng.randint(10, size=128)
 x_test = rng.uniform(size=(128, 784)).astype('float32')
 x_test[:, :780] += strokes[y_test]
 
+model.compile(loss='sparse_categorical_crossentropy',
+              optimizer=keras.optimizers.RMSprop(),
+              metrics=['accuracy'])
+initial_weights = model.get_weights()
+history = model.fit(x_train, y_train, batch_size=64, epochs=2,
+                    validation_split=0.2, verbose=0)
+test_scores = model.evaluate(x_test, y_test, verbose=0)
+print('Test loss:', test_scores[0])
+print('Test accuracy:', test_scores[1])
+
 optimizer = keras.optimizers.RMSprop()
 optimizer = mixed_precision.LossScaleOptimizer(optimizer, loss_scale='dynamic')
 
@@ -65,6 +79,7 @@ def test_step(x):
   return model(x, training=False)
 
 
+model.set_weights(initial_weights)
 epoch_losses = []
 for epoch in range(3):
   epoch_loss_avg = tf.keras.metrics.Mean()
