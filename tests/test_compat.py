@@ -169,6 +169,17 @@ def _script_run(script, legacy_keras):
   return run
 
 
+def _assert_trained(run, expected_state, min_test_accuracy):
+  """The loss scale ended as expected and the run with it learned."""
+  state = (run['loss_scale'], run['good_steps'], run['skipped_steps'],
+           run['iterations'])
+  assert state == expected_state, (
+      f'(loss scale, good steps, skipped steps, iterations) = {state}')
+  losses = run['losses']
+  assert losses[-1] < losses[0] / 2, f'epoch losses did not fall: {losses}'
+  assert run['test_accuracy'] > min_test_accuracy, run
+
+
 @pytest.mark.parametrize('legacy_keras', [False, True],
                          ids=['keras3', 'tf_keras'])
 def test_tf23_mixed_precision_guide_runs_unmodified_after_install(
@@ -185,11 +196,7 @@ def test_tf23_mixed_precision_guide_runs_unmodified_after_install(
   # 2.3's default DynamicLossScale (2**15, grows every 2000 finite steps).
   # 3 epochs of 8 finite steps leave the scale where it started, with 24
   # good steps; iterations counts every step.
-  assert (run['loss_scale'], run['good_steps'], run['skipped_steps'],
-          run['iterations']) == (32768.0, 24, 0, 24)
-  losses = run['losses']
-  assert losses[-1] < losses[0] / 2, f'epoch losses did not fall: {losses}'
-  assert run['test_accuracy'] > 0.9, run
+  _assert_trained(run, (32768.0, 24, 0, 24), min_test_accuracy=0.9)
 
 
 def test_tf23_compile_fit_script_runs_unmodified_under_tf_keras():
@@ -198,11 +205,7 @@ def test_tf23_compile_fit_script_runs_unmodified_under_tf_keras():
       f'compile replaced the LossScaleOptimizer: {run["compiled_optimizer"]}')
   # DynamicLossScale(2**8, increment_period=10): 24 finite steps (3 epochs of
   # 8 batches) double it twice and leave 4 good steps.
-  assert (run['loss_scale'], run['good_steps'], run['skipped_steps'],
-          run['iterations']) == (1024.0, 4, 0, 24)
-  losses = run['losses']
-  assert losses[-1] < losses[0] / 2, f'epoch losses did not fall: {losses}'
-  assert run['test_accuracy'] > 0.6, run
+  _assert_trained(run, (1024.0, 4, 0, 24), min_test_accuracy=0.6)
 
 
 def test_tf23_compile_fit_script_under_keras_3_is_refused_saying_what_to_do():
