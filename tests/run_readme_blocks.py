@@ -16,7 +16,8 @@ import isolation
 
 
 def _run_block(block_id: str, code: str) -> None:
-  exec(compile(code, block_id, 'exec'), {'__name__': '__main__'})  # pylint: disable=exec-used
+  # pylint: disable-next=exec-used
+  exec(compile(code, block_id, 'exec'), {'__name__': '__main__'})
 
 
 def main(blocks_file: str) -> None:

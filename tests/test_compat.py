@@ -105,18 +105,22 @@ tf_loss_scale.compat.install()
 from tensorflow.keras.mixed_precision import experimental as mp
 names = {
     'tf.keras is tf_keras': tf.keras.layers.Dense is tf_keras.layers.Dense,
-    'LossScaleOptimizer': mp.LossScaleOptimizer is experimental.LossScaleOptimizer,
+    'LossScaleOptimizer': (
+        mp.LossScaleOptimizer is experimental.LossScaleOptimizer),
     'Policy': mp.Policy is tf_keras.mixed_precision.Policy,
     'set_policy': mp.set_policy is tf_keras.mixed_precision.set_global_policy,
     'global_policy': mp.global_policy is tf_keras.mixed_precision.global_policy,
-    'tf.keras.mixed_precision.experimental': tf.keras.mixed_precision.experimental is mp,
-    'tf_keras.mixed_precision.experimental': tf_keras.mixed_precision.experimental is mp,
+    'tf.keras.mixed_precision.experimental': (
+        tf.keras.mixed_precision.experimental is mp),
+    'tf_keras.mixed_precision.experimental': (
+        tf_keras.mixed_precision.experimental is mp),
     'tf.compat.v1.keras.mixed_precision.experimental': (
         tf.compat.v1.keras.mixed_precision.experimental is mp),
 }
 for name in ('LossScale', 'FixedLossScale', 'DynamicLossScale'):
   ours = getattr(tf_loss_scale, name)
-  names['tf.train.experimental.' + name] = getattr(tf.train.experimental, name) is ours
+  names['tf.train.experimental.' + name] = (
+      getattr(tf.train.experimental, name) is ours)
   names['tf.mixed_precision.experimental.' + name] = (
       getattr(tf.mixed_precision.experimental, name) is ours)
 mp.set_policy('mixed_float16')

@@ -1,10 +1,12 @@
-"""A TF 2.3-era `compile`/`fit` script using the experimental mixed precision API.
+"""A TF 2.3-era `compile`/`fit` script on the experimental mixed precision API.
 
 Left exactly in TF 2.3's style: `set_policy`, a `LossScaleOptimizer` around
 a Keras optimizer with a `tf.train.experimental.DynamicLossScale`, then
 `compile`, `fit` with a validation split, and `evaluate`. It must run
-unchanged once `tf_loss_scale.compat.install()` has been called, whether
-`tf.keras` is Keras 3 or tf_keras (`TF_USE_LEGACY_KERAS=1`).
+unchanged once `tf_loss_scale.compat.install()` has been called with
+`tf.keras` being tf_keras (`TF_USE_LEGACY_KERAS=1`). Under Keras 3 its first
+`fit` step is refused: Keras 3's `fit` passes scaled gradients to
+`apply_gradients`, which in TF 2.3's form takes unscaled ones.
 """
 
 import numpy as np
