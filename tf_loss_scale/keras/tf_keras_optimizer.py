@@ -160,6 +160,14 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
   def clipvalue(self, value: Any) -> None:
     self.inner_optimizer.clipvalue = value
 
+  def get_weights(self) -> List[Any]:
+    """The values of the inner optimizer's weights."""
+    return self.inner_optimizer.get_weights()
+
+  def set_weights(self, weights: Sequence[Any]) -> None:
+    """Sets the inner optimizer's weights from `get_weights()` values."""
+    self.inner_optimizer.set_weights(weights)
+
   # ---- the step -----------------------------------------------------------
 
   def _apply_unscaled(self, grads_and_vars: Iterable[Tuple[Any, Any]],
@@ -331,14 +339,6 @@ class LossScaleOptimizerV2(_TfKerasLossScaleOptimizer,
     """The inner optimizer's weights."""
     return self.inner_optimizer.weights
 
-  def get_weights(self) -> List[Any]:
-    """The values of `weights`."""
-    return self.inner_optimizer.get_weights()
-
-  def set_weights(self, weights: Sequence[Any]) -> None:
-    """Sets the inner optimizer's weights from `get_weights()` values."""
-    self.inner_optimizer.set_weights(weights)
-
   # TensorFlow's checkpoint code and tf_keras's weight loading ask the
   # optimizer object in the checkpoint (this one) to create or restore slots
   # and weights; they are the inner optimizer's.
@@ -442,5 +442,5 @@ def _check_inner_optimizer(optimizer: Any) -> None:
   wrapper = _WRAPPER_OF_INNER.get(optimizer)
   if wrapper is not None and wrapper() is not None:
     raise ValueError(
-        f'optimizer {optimizer.name!r} is already wrapped by another '
+        f'optimizer {optimizer!r} is already wrapped by another '
         'LossScaleOptimizer: create a new optimizer for each wrapper.')
