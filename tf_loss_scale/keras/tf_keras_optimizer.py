@@ -184,7 +184,7 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
         they are applied as given.
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
 
     Raises:
       ValueError: In a cross-replica context or under an unsupported
@@ -195,13 +195,24 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     distribute.require_replica_context(where)
     pairs = list(grads_and_vars)
     variables = [v for _, v in pairs]
+    # The inner optimizer's apply ops: when a loss scale never skips (a
+    # fixed one), the step applies unconditionally and returns no op, and
+    # in a TF1 graph these must be run.
+    apply_ops = []
+
+    def apply_fn(grads):
+      apply_ops.append(apply_inner(list(zip(grads, variables))))
+      return apply_ops[-1]
+
     update_op, applied = step.apply_step(
         [g for g, _ in pairs], step.LossScaleState(self._loss_scale),
-        lambda grads: apply_inner(list(zip(grads, variables))),
-        reduces=not aggregate, on_skip=self._count_skipped_step)
-    return execution.op_in_graph_mode(
-        lambda: tf.group([op for op in (update_op, applied)
-                          if op is not None and op is not True]))
+        apply_fn, reduces=not aggregate, on_skip=self._count_skipped_step)
+    if not execution.in_tf1_graph():
+      # Eagerly the step has run; in a tf.function its ops run in program
+      # order, and an op would not pass through strategy.run.
+      return None
+    run = [update_op] + (apply_ops if applied is True else [applied])
+    return tf.group([op for op in run if op is not None])
 
   def _count_skipped_step(self) -> Any:
     # TF 2.3: `iterations` counts every step, applied or skipped.
@@ -261,7 +272,7 @@ class LossScaleOptimizerV2(_TfKerasLossScaleOptimizer,
         replicas (once; the verdict is taken on the sums).
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
     """
     return self._apply_unscaled(
         grads_and_vars,
@@ -284,7 +295,7 @@ class LossScaleOptimizerV2(_TfKerasLossScaleOptimizer,
       tape: The tape that recorded `loss` (required for a tensor loss).
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
     """
     grads, var_list = self.gradients_of_scaled_loss(loss, var_list, tape, grad_loss)
     return self.apply_gradients(zip(grads, var_list), name=name)
@@ -382,7 +393,7 @@ class LossScaleOptimizerV3(_TfKerasLossScaleOptimizer,
       **kwargs: Passed to the inner optimizer.
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
     """
     return self._apply_unscaled(
         grads_and_vars,
@@ -416,7 +427,7 @@ class LossScaleOptimizerV3(_TfKerasLossScaleOptimizer,
       tape: The tape that recorded `loss` (required for a tensor loss).
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
     """
     return self.apply_gradients(self.compute_gradients(loss, var_list, tape))
 
