@@ -22,16 +22,14 @@ tf_keras's own `LossScaleOptimizer` around legacy optimizers, which kept
 TF 2.3's format).
 """
 
-import copy
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 import tf_keras
 
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
-from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
 from tf_loss_scale.keras import tf23_surface
@@ -218,31 +216,10 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     # TF 2.3: `iterations` counts every step, applied or skipped.
     return self.inner_optimizer.iterations.assign_add(1)
 
-  # ---- config -------------------------------------------------------------
-
-  def get_config(self) -> Dict[str, Any]:
-    """Returns `{'optimizer': ..., 'loss_scale': ...}`, TF 2.3's format."""
-    return {
-        'optimizer': tf_keras.optimizers.serialize(self.inner_optimizer),
-        'loss_scale': loss_scale_lib.serialize(self._loss_scale),
-    }
-
-  @classmethod
-  def from_config(cls, config: Dict[str, Any],
-                  custom_objects: Optional[Dict[str, Any]] = None) -> Any:
-    """Recreates the optimizer (without its state) from `get_config()`.
-
-    Args:
-      config: `{'optimizer': <serialized tf_keras optimizer>, 'loss_scale':
-        <serialized LossScale>}`.
-      custom_objects: Names to classes, for a custom inner optimizer.
-
-    Returns:
-      A new wrapper of the class matching the inner optimizer.
-    """
-    inner = tf_keras.optimizers.deserialize(
-        copy.deepcopy(config['optimizer']), custom_objects=custom_objects)
-    return wrap(inner, config['loss_scale'])
+  # tf_keras's (de)serialization of the inner optimizer, for TF23Surface's
+  # get_config/from_config.
+  _serialize_inner = staticmethod(tf_keras.optimizers.serialize)
+  _deserialize_inner = staticmethod(tf_keras.optimizers.deserialize)
 
 
 @tf_keras.utils.register_keras_serializable(
@@ -279,26 +256,6 @@ class LossScaleOptimizerV2(_TfKerasLossScaleOptimizer,
         lambda pairs: self.inner_optimizer.apply_gradients(
             pairs, name=name, experimental_aggregate_gradients=False),
         aggregate=experimental_aggregate_gradients)
-
-  def minimize(self, loss: Any, var_list: Any,
-               grad_loss: Optional[tf.Tensor] = None,
-               name: Optional[str] = None,
-               tape: Optional[tf.GradientTape] = None) -> Any:
-    """Scales `loss`, differentiates, unscales and applies, in one call.
-
-    Args:
-      loss: A zero-argument callable returning the loss, or a loss tensor
-        recorded by `tape`.
-      var_list: The variables to train, or a callable returning them.
-      grad_loss: Optional gradient of the loss.
-      name: Passed to the inner optimizer.
-      tape: The tape that recorded `loss` (required for a tensor loss).
-
-    Returns:
-      In a TF1 graph, an op that runs the step; None otherwise.
-    """
-    grads, var_list = self.gradients_of_scaled_loss(loss, var_list, tape, grad_loss)
-    return self.apply_gradients(zip(grads, var_list), name=name)
 
   def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
     """Gradients of `loss`, computed on the scaled loss and unscaled (graphs).
