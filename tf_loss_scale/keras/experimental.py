@@ -16,16 +16,14 @@ takes the loss, `get_scaled_loss`/`get_unscaled_gradients` are for custom
 loops, and nothing is remembered between calls.
 """
 
-import copy
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
 from tf_loss_scale import checkpointing
 from tf_loss_scale import gradients
-from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale.keras import tf23_surface
 from tf_loss_scale.keras import wrapping
@@ -211,31 +209,6 @@ class LossScaleOptimizer(tf23_surface.TF23Surface,
         'The experimental LossScaleOptimizer has no stateless_apply(); use '
         'tf_loss_scale.keras.LossScaleOptimizer.')
 
-  def minimize(self, loss: gradients.Loss,
-               var_list: Union[Sequence[Any], Callable[[], Sequence[Any]]],
-               grad_loss: Optional[tf.Tensor] = None,
-               name: Optional[str] = None,
-               tape: Optional[tf.GradientTape] = None) -> Any:
-    """Scales `loss`, differentiates, unscales and applies, in one call.
-
-    Args:
-      loss: A zero-argument callable returning the loss, or a loss tensor
-        computed under `tape`.
-      var_list: The variables to train, or a callable returning them.
-      grad_loss: Optional gradient of the loss.
-      name: Optional name scope for the ops.
-      tape: The tape that recorded `loss` (required for a tensor loss).
-
-    Returns:
-      The `iterations` variable.
-
-    Raises:
-      ValueError: If `loss` is a tensor and no `tape` is given.
-    """
-    grads, var_list = self.gradients_of_scaled_loss(loss, var_list, tape,
-                                                    grad_loss)
-    return self.apply_gradients(zip(grads, var_list), name=name)
-
   # ---- slots and weights (the inner optimizer's) --------------------------
 
   def add_slot(self, var: Any, slot_name: str,
@@ -325,32 +298,10 @@ class LossScaleOptimizer(tf23_surface.TF23Surface,
     children['loss_scale'] = self.loss_scale
     return children
 
-  def get_config(self) -> Dict[str, Any]:
-    """Returns `{'optimizer': ..., 'loss_scale': ...}`, TF 2.3's format."""
-    return {
-        'optimizer': keras.optimizers.serialize(self.inner_optimizer),
-        'loss_scale': loss_scale_lib.serialize(self.loss_scale),
-    }
-
-  @classmethod
-  def from_config(cls, config: Dict[str, Any],
-                  custom_objects: Optional[Dict[str, Any]] = None
-                 ) -> 'LossScaleOptimizer':
-    """Recreates the optimizer (without its state) from `get_config()`.
-
-    Args:
-      config: `{'optimizer': <serialized optimizer>, 'loss_scale':
-        <serialized LossScale>}`.
-      custom_objects: Names to classes, for a custom inner optimizer.
-
-    Returns:
-      A new, unbuilt `LossScaleOptimizer`.
-    """
-    # Keras's deserialize edits the dict it is given; the caller's must stay
-    # as it was.
-    optimizer = keras.optimizers.deserialize(
-        copy.deepcopy(config['optimizer']), custom_objects=custom_objects)
-    return cls(optimizer, config['loss_scale'])
+  # Keras 3's (de)serialization of the inner optimizer, for TF23Surface's
+  # get_config/from_config.
+  _serialize_inner = staticmethod(keras.optimizers.serialize)
+  _deserialize_inner = staticmethod(keras.optimizers.deserialize)
 
 
 def _describe(var: Any) -> str:

@@ -13,6 +13,7 @@ unscaling gradients, and one rule for hyperparameters, stated here once:
 Nothing here imports Keras or tf_keras.
 """
 
+import copy
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
 
 import tensorflow as tf
@@ -67,7 +68,8 @@ class TF23Surface:
   """The part of TF 2.3's API that is the same on every path.
 
   A subclass sets `inner_optimizer` (the wrapped optimizer), `_loss_scale`
-  (a `LossScale`) and, last, `_hyperparameter_names`.
+  (a `LossScale`) and, last, `_hyperparameter_names`; and has the
+  `_serialize_inner`/`_deserialize_inner` functions of its Keras.
   """
 
   @property
@@ -142,6 +144,58 @@ class TF23Surface:
     var_list = tf.nest.flatten(var_list)
     grads = tape.gradient(scaled_loss, var_list, grad_loss)
     return self.get_unscaled_gradients(grads), var_list
+
+  def minimize(self, loss: gradients.Loss, var_list: Any,
+               grad_loss: Optional[tf.Tensor] = None,
+               name: Optional[str] = None,
+               tape: Optional[tf.GradientTape] = None) -> Any:
+    """Scales `loss`, differentiates, unscales and applies, in one call.
+
+    TF 2.3's signature; `apply_gradients` takes it from there.
+
+    Args:
+      loss: A zero-argument callable returning the loss, or a loss tensor
+        recorded by `tape`.
+      var_list: The variables to train, or a callable returning them.
+      grad_loss: Optional gradient of the loss.
+      name: Passed to `apply_gradients`.
+      tape: The tape that recorded `loss` (required for a tensor loss).
+
+    Returns:
+      What `apply_gradients` returns.
+
+    Raises:
+      ValueError: If `loss` is a tensor and no `tape` is given.
+    """
+    grads, var_list = self.gradients_of_scaled_loss(loss, var_list, tape,
+                                                    grad_loss)
+    return self.apply_gradients(zip(grads, var_list), name=name)
+
+  def get_config(self) -> Dict[str, Any]:
+    """Returns `{'optimizer': ..., 'loss_scale': ...}`, TF 2.3's format."""
+    return {
+        'optimizer': self._serialize_inner(self.inner_optimizer),
+        'loss_scale': loss_scale_lib.serialize(self._loss_scale),
+    }
+
+  @classmethod
+  def from_config(cls, config: Dict[str, Any],
+                  custom_objects: Optional[Dict[str, Any]] = None) -> Any:
+    """Recreates the optimizer (without its state) from `get_config()`.
+
+    Args:
+      config: `{'optimizer': <serialized optimizer>, 'loss_scale':
+        <serialized LossScale>}`, as TF 2.3 wrote it.
+      custom_objects: Names to classes, for a custom inner optimizer.
+
+    Returns:
+      A new wrapper, not yet built.
+    """
+    # Deserializing edits the dict it is given; the caller's must stay as
+    # it was.
+    inner = cls._deserialize_inner(copy.deepcopy(config['optimizer']),
+                                   custom_objects=custom_objects)
+    return cls(inner, config['loss_scale'])
 
   def __getattr__(self, name: str) -> Any:
     # Reached only when normal lookup fails.

@@ -22,16 +22,14 @@ tf_keras's own `LossScaleOptimizer` around legacy optimizers, which kept
 TF 2.3's format).
 """
 
-import copy
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 import tf_keras
 
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
-from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
 from tf_loss_scale.keras import tf23_surface
@@ -160,6 +158,14 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
   def clipvalue(self, value: Any) -> None:
     self.inner_optimizer.clipvalue = value
 
+  def get_weights(self) -> List[Any]:
+    """The values of the inner optimizer's weights."""
+    return self.inner_optimizer.get_weights()
+
+  def set_weights(self, weights: Sequence[Any]) -> None:
+    """Sets the inner optimizer's weights from `get_weights()` values."""
+    self.inner_optimizer.set_weights(weights)
+
   # ---- the step -----------------------------------------------------------
 
   def _apply_unscaled(self, grads_and_vars: Iterable[Tuple[Any, Any]],
@@ -176,7 +182,7 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
         they are applied as given.
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
 
     Raises:
       ValueError: In a cross-replica context or under an unsupported
@@ -187,43 +193,33 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     distribute.require_replica_context(where)
     pairs = list(grads_and_vars)
     variables = [v for _, v in pairs]
+    # The inner optimizer's apply ops: when a loss scale never skips (a
+    # fixed one), the step applies unconditionally and returns no op, and
+    # in a TF1 graph these must be run.
+    apply_ops = []
+
+    def apply_fn(grads):
+      apply_ops.append(apply_inner(list(zip(grads, variables))))
+      return apply_ops[-1]
+
     update_op, applied = step.apply_step(
         [g for g, _ in pairs], step.LossScaleState(self._loss_scale),
-        lambda grads: apply_inner(list(zip(grads, variables))),
-        reduces=not aggregate, on_skip=self._count_skipped_step)
-    return execution.op_in_graph_mode(
-        lambda: tf.group([op for op in (update_op, applied)
-                          if op is not None and op is not True]))
+        apply_fn, reduces=not aggregate, on_skip=self._count_skipped_step)
+    if not execution.in_tf1_graph():
+      # Eagerly the step has run; in a tf.function its ops run in program
+      # order, and an op would not pass through strategy.run.
+      return None
+    run = [update_op] + (apply_ops if applied is True else [applied])
+    return tf.group([op for op in run if op is not None])
 
   def _count_skipped_step(self) -> Any:
     # TF 2.3: `iterations` counts every step, applied or skipped.
     return self.inner_optimizer.iterations.assign_add(1)
 
-  # ---- config -------------------------------------------------------------
-
-  def get_config(self) -> Dict[str, Any]:
-    """Returns `{'optimizer': ..., 'loss_scale': ...}`, TF 2.3's format."""
-    return {
-        'optimizer': tf_keras.optimizers.serialize(self.inner_optimizer),
-        'loss_scale': loss_scale_lib.serialize(self._loss_scale),
-    }
-
-  @classmethod
-  def from_config(cls, config: Dict[str, Any],
-                  custom_objects: Optional[Dict[str, Any]] = None) -> Any:
-    """Recreates the optimizer (without its state) from `get_config()`.
-
-    Args:
-      config: `{'optimizer': <serialized tf_keras optimizer>, 'loss_scale':
-        <serialized LossScale>}`.
-      custom_objects: Names to classes, for a custom inner optimizer.
-
-    Returns:
-      A new wrapper of the class matching the inner optimizer.
-    """
-    inner = tf_keras.optimizers.deserialize(
-        copy.deepcopy(config['optimizer']), custom_objects=custom_objects)
-    return wrap(inner, config['loss_scale'])
+  # tf_keras's (de)serialization of the inner optimizer, for TF23Surface's
+  # get_config/from_config.
+  _serialize_inner = staticmethod(tf_keras.optimizers.serialize)
+  _deserialize_inner = staticmethod(tf_keras.optimizers.deserialize)
 
 
 @tf_keras.utils.register_keras_serializable(
@@ -253,33 +249,13 @@ class LossScaleOptimizerV2(_TfKerasLossScaleOptimizer,
         replicas (once; the verdict is taken on the sums).
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
     """
     return self._apply_unscaled(
         grads_and_vars,
         lambda pairs: self.inner_optimizer.apply_gradients(
             pairs, name=name, experimental_aggregate_gradients=False),
         aggregate=experimental_aggregate_gradients)
-
-  def minimize(self, loss: Any, var_list: Any,
-               grad_loss: Optional[tf.Tensor] = None,
-               name: Optional[str] = None,
-               tape: Optional[tf.GradientTape] = None) -> Any:
-    """Scales `loss`, differentiates, unscales and applies, in one call.
-
-    Args:
-      loss: A zero-argument callable returning the loss, or a loss tensor
-        recorded by `tape`.
-      var_list: The variables to train, or a callable returning them.
-      grad_loss: Optional gradient of the loss.
-      name: Passed to the inner optimizer.
-      tape: The tape that recorded `loss` (required for a tensor loss).
-
-    Returns:
-      In a graph, an op that runs the step; None eagerly.
-    """
-    grads, var_list = self.gradients_of_scaled_loss(loss, var_list, tape, grad_loss)
-    return self.apply_gradients(zip(grads, var_list), name=name)
 
   def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
     """Gradients of `loss`, computed on the scaled loss and unscaled (graphs).
@@ -331,14 +307,6 @@ class LossScaleOptimizerV2(_TfKerasLossScaleOptimizer,
     """The inner optimizer's weights."""
     return self.inner_optimizer.weights
 
-  def get_weights(self) -> List[Any]:
-    """The values of `weights`."""
-    return self.inner_optimizer.get_weights()
-
-  def set_weights(self, weights: Sequence[Any]) -> None:
-    """Sets the inner optimizer's weights from `get_weights()` values."""
-    self.inner_optimizer.set_weights(weights)
-
   # TensorFlow's checkpoint code and tf_keras's weight loading ask the
   # optimizer object in the checkpoint (this one) to create or restore slots
   # and weights; they are the inner optimizer's.
@@ -382,7 +350,7 @@ class LossScaleOptimizerV3(_TfKerasLossScaleOptimizer,
       **kwargs: Passed to the inner optimizer.
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
     """
     return self._apply_unscaled(
         grads_and_vars,
@@ -416,7 +384,7 @@ class LossScaleOptimizerV3(_TfKerasLossScaleOptimizer,
       tape: The tape that recorded `loss` (required for a tensor loss).
 
     Returns:
-      In a graph, an op that runs the step; None eagerly.
+      In a TF1 graph, an op that runs the step; None otherwise.
     """
     return self.apply_gradients(self.compute_gradients(loss, var_list, tape))
 
@@ -442,5 +410,5 @@ def _check_inner_optimizer(optimizer: Any) -> None:
   wrapper = _WRAPPER_OF_INNER.get(optimizer)
   if wrapper is not None and wrapper() is not None:
     raise ValueError(
-        f'optimizer {optimizer.name!r} is already wrapped by another '
+        f'optimizer {optimizer!r} is already wrapped by another '
         'LossScaleOptimizer: create a new optimizer for each wrapper.')

@@ -1,0 +1,353 @@
+"""The experimental (TF 2.3) LossScaleOptimizer around tf_keras optimizers.
+
+The reference is tf_keras's own `tf_keras.mixed_precision.LossScaleOptimizer`
+(the same update rule, and `iterations` counting skipped steps as TF 2.3
+did): the same gradient sequences, with inf and NaN steps, go through both,
+and variables, slots, loss scale and `iterations` must be equal after every
+step. The TF 2.3 test file's cases are ported in test_experimental_tf23_spec.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tf_loss_scale
+from tf_loss_scale.keras import experimental
+
+INF = float('inf')
+NAN = float('nan')
+
+OPTIMIZERS = {
+    'legacy_sgd_momentum':
+        lambda: tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+    'legacy_adam': lambda: tf_keras.optimizers.legacy.Adam(0.01),
+    'sgd_momentum': lambda: tf_keras.optimizers.SGD(0.1, momentum=0.9),
+    'adam': lambda: tf_keras.optimizers.Adam(0.01),
+}
+
+
+def _ours(inner, initial=32.0, period=3):
+  return experimental.LossScaleOptimizer(
+      inner, tf_loss_scale.DynamicLossScale(initial_loss_scale=initial,
+                                            increment_period=period))
+
+
+def _inner_values(opt):
+  inner = opt.inner_optimizer
+  variables = inner.variables() if callable(inner.variables) else inner.variables
+  return [v.numpy() for v in variables]
+
+
+def test_path_follows_the_inner_optimizer_and_isinstance_holds():
+  legacy = experimental.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(),
+                                           'dynamic')
+  new = experimental.LossScaleOptimizer(tf_keras.optimizers.SGD(), 'dynamic')
+  assert isinstance(legacy, tf_keras.optimizers.legacy.Optimizer)
+  assert isinstance(new, tf_keras.optimizers.Optimizer)
+  for opt in (legacy, new):
+    assert isinstance(opt, experimental.LossScaleOptimizer)
+    assert isinstance(opt, tf_keras.mixed_precision.LossScaleOptimizer)
+    assert isinstance(opt.loss_scale, tf_loss_scale.DynamicLossScale)
+  assert not isinstance(tf_keras.optimizers.SGD(),
+                        experimental.LossScaleOptimizer)
+
+
+def test_wrapping_twice_or_a_tf_keras_loss_scale_optimizer_is_refused():
+  inner = tf_keras.optimizers.legacy.SGD()
+  _ = experimental.LossScaleOptimizer(inner, 'dynamic')
+  with pytest.raises(ValueError, match='already wrapped'):
+    experimental.LossScaleOptimizer(inner, 'dynamic')
+  with pytest.raises(ValueError, match='already a loss scale optimizer'):
+    experimental.LossScaleOptimizer(
+        tf_keras.mixed_precision.LossScaleOptimizer(
+            tf_keras.optimizers.SGD()), 'dynamic')
+
+
+@pytest.mark.parametrize('use_function', [False, True])
+@pytest.mark.parametrize('name', sorted(OPTIMIZERS))
+def test_matches_tf_keras_loss_scale_optimizer_step_by_step(name,
+                                                            use_function):
+  ours = _ours(OPTIMIZERS[name]())
+  reference = tf_keras.mixed_precision.LossScaleOptimizer(
+      OPTIMIZERS[name](), initial_scale=32.0, dynamic_growth_steps=3)
+  our_var = tf.Variable([1.0, -2.0, 0.5])
+  ref_var = tf.Variable([1.0, -2.0, 0.5])
+
+  def step(opt, var, grad):
+    # The TF 2.3 guide's loop: scale, differentiate, unscale, apply.
+    with tf.GradientTape() as tape:
+      scaled_loss = opt.get_scaled_loss(tf.reduce_sum(var * grad))
+    grads = opt.get_unscaled_gradients(tape.gradient(scaled_loss, [var]))
+    opt.apply_gradients(zip(grads, [var]))
+
+  # One function per optimizer: each creates its variables on its first call.
+  our_step = tf.function(step) if use_function else step
+  ref_step = tf.function(step) if use_function else step
+  rng = np.random.default_rng(7)
+  for i in range(12):
+    grad = rng.normal(size=3).astype(np.float32)
+    if i in (2, 3, 8):
+      grad[i % 3] = NAN if i == 3 else INF
+    our_step(ours, our_var, tf.constant(grad))
+    ref_step(reference, ref_var, tf.constant(grad))
+    np.testing.assert_array_equal(our_var.numpy(), ref_var.numpy(),
+                                  err_msg=f'{name} step {i}: variable')
+    for mine, theirs in zip(_inner_values(ours), _inner_values(reference)):
+      np.testing.assert_array_equal(
+          mine, theirs, err_msg=f'{name} step {i}: optimizer variables')
+    assert float(ours.loss_scale()) == float(reference.loss_scale), (
+        f'{name} step {i}: loss scale')
+    assert int(ours.iterations) == int(reference.iterations) == i + 1, (
+        f'{name} step {i}: iterations')
+
+
+def test_fixed_loss_scale_never_skips():
+  opt = experimental.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(1.0),
+                                        4)
+  var = tf.Variable([1.0])
+  opt.apply_gradients([(tf.constant([INF]), var)])
+  assert var.numpy().tolist() == [-INF]
+  assert float(opt.loss_scale()) == 4.0 and int(opt.iterations) == 1
+
+
+def _model():
+  return tf_keras.Sequential([
+      tf_keras.layers.Dense(1, use_bias=False, kernel_initializer='ones',
+                            input_shape=(2,))
+  ])
+
+
+@pytest.mark.parametrize('family', ['legacy', 'new'])
+def test_compile_under_mixed_float16_keeps_it_and_scales_the_loss_once(
+    family):
+  inner = (tf_keras.optimizers.legacy.SGD(0.1) if family == 'legacy' else
+           tf_keras.optimizers.SGD(0.1))
+  opt = experimental.LossScaleOptimizer(
+      inner, tf_loss_scale.DynamicLossScale(initial_loss_scale=1024.0))
+  tf_keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    model = _model()
+    model.compile(optimizer=opt, loss='mse')
+    assert model.optimizer is opt
+    x = np.array([[1.0, 2.0], [1.0, 1.0]], np.float32)
+    y = np.array([[0.0], [INF]], np.float32)
+    model.fit(x, y, batch_size=1, shuffle=False, verbose=0)
+    evaluated = model.evaluate(x[:1], y[:1], verbose=0)
+  finally:
+    tf_keras.mixed_precision.set_global_policy('float32')
+  # Batch 0: prediction 3, loss 9, gradient [6, 12]; SGD(0.1) once (a loss
+  # scaled twice or not unscaled would move it by 1024 times as much).
+  # Batch 1 overflows and is skipped, halving the scale and counting.
+  np.testing.assert_allclose(model.layers[0].kernel.numpy().ravel(),
+                             [0.4, -0.2], rtol=1e-3)
+  assert float(opt.loss_scale()) == 512.0 and int(opt.iterations) == 2
+  # The new weights predict 0.4 - 0.4 = 0: loss 0.
+  assert evaluated == pytest.approx(0.0, abs=1e-3)
+
+
+def _fit_save_load(path, optimizer, fmt):
+  model = _model()
+  model.compile(optimizer=optimizer, loss='mse')
+  x = np.array([[1.0, 2.0], [1.0, 1.0]], np.float32)
+  model.fit(x, np.array([[0.0], [0.5]], np.float32), batch_size=1,
+            shuffle=False, verbose=0)
+  model.save(path, save_format='tf' if fmt == 'tf' else None)
+  return model, tf_keras.models.load_model(path)
+
+
+@pytest.mark.parametrize('fmt', ['keras', 'h5', 'tf'])
+@pytest.mark.parametrize('family', ['legacy', 'new'])
+def test_model_save_and_load_model_keep_the_optimizer(tmp_path, family, fmt):
+  make = {'legacy': lambda: tf_keras.optimizers.legacy.Adam(0.01),
+          'new': lambda: tf_keras.optimizers.Adam(0.01)}[family]
+  name = 'model' if fmt == 'tf' else f'model.{fmt}'
+  (tmp_path / 'ours').mkdir()
+  (tmp_path / 'bare').mkdir()
+  model, loaded = _fit_save_load(str(tmp_path / 'ours' / name),
+                                 _ours(make(), 8.0, 1000), fmt)
+  _, bare_loaded = _fit_save_load(str(tmp_path / 'bare' / name), make(), fmt)
+  assert isinstance(loaded.optimizer, experimental.LossScaleOptimizer)
+  assert type(loaded.optimizer) is type(model.optimizer)
+  assert loaded.optimizer.get_config() == model.optimizer.get_config()
+  np.testing.assert_array_equal(loaded.layers[0].kernel.numpy(),
+                                model.layers[0].kernel.numpy())
+  # The optimizer state comes back exactly as much as tf_keras restores
+  # for the bare optimizer in this format (legacy optimizers lose it in
+  # .keras files; SavedModels restore it only once the slots exist).
+  assert int(loaded.optimizer.iterations) == int(
+      bare_loaded.optimizer.iterations)
+
+
+def test_tf1_graph_minimize_apply_gradients_and_get_updates():
+  with tf.Graph().as_default():
+    var = tf.compat.v1.Variable([1.0, 2.0], use_resource=True)
+    bad = tf.compat.v1.placeholder(tf.bool, ())
+    opt = _ours(tf_keras.optimizers.legacy.SGD(0.5, momentum=0.5), 8.0, 2)
+    grad = tf.where(bad, tf.constant([INF, 1.0]), tf.constant([1.0, -1.0]))
+    apply_op = opt.apply_gradients([(grad, var)])
+    minimize_op = opt.minimize(lambda: tf.reduce_sum(var * grad), [var])
+    updates = opt.get_updates(tf.reduce_sum(var * grad), [var])
+    assert isinstance(apply_op, tf.Operation)
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      expected = [
+          # (op, bad, variable, momentum slot, scale, iterations)
+          (apply_op, False, [0.5, 2.5], [-0.5, 0.5], 8.0, 1),
+          (minimize_op, True, [0.5, 2.5], [-0.5, 0.5], 4.0, 2),
+          (updates, False, [-0.25, 3.25], [-0.75, 0.75], 4.0, 3),
+          (apply_op, False, [-1.125, 4.125], [-0.875, 0.875], 8.0, 4),
+          (updates, True, [-1.125, 4.125], [-0.875, 0.875], 4.0, 5),
+      ]
+      slot = opt.get_slot(var, 'momentum')
+      for i, (op, is_bad, value, momentum, scale, iterations) in enumerate(
+          expected):
+        sess.run(op, {bad: is_bad})
+        np.testing.assert_allclose(sess.run(var), value,
+                                   err_msg=f'step {i}: variable')
+        np.testing.assert_allclose(sess.run(slot), momentum,
+                                   err_msg=f'step {i}: momentum')
+        assert sess.run(opt.loss_scale()) == scale, f'step {i}: scale'
+        assert sess.run(opt.iterations) == iterations, f'step {i}: iterations'
+
+
+@pytest.mark.parametrize('family', ['legacy', 'new'])
+def test_mirrored_one_replica_overflowing_skips_everywhere(
+    mirrored_strategy, family):
+  with mirrored_strategy.scope():
+    var = tf.Variable([1.0, 1.0])
+    inner = (tf_keras.optimizers.legacy.SGD(1.0, momentum=0.5)
+             if family == 'legacy' else tf_keras.optimizers.SGD(1.0,
+                                                              momentum=0.5))
+    opt = _ours(inner, 8.0, 1000)
+
+  @tf.function
+  def train(second_replica_grad):
+    def replica_step():
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      grad = tf.where(replica == 0, tf.constant([1.0, 1.0]),
+                      second_replica_grad)
+      with tf.GradientTape() as tape:
+        scaled = opt.get_scaled_loss(tf.reduce_sum(var * grad))
+      grads = opt.get_unscaled_gradients(tape.gradient(scaled, [var]))
+      opt.apply_gradients(zip(grads, [var]))
+    mirrored_strategy.run(replica_step)
+
+  train(tf.constant([INF, 1.0]))
+  for i, local in enumerate(mirrored_strategy.experimental_local_results(var)):
+    assert local.numpy().tolist() == [1.0, 1.0], f'replica {i} applied'
+  assert float(opt.loss_scale()) == 4.0
+  assert int(opt.iterations.numpy()) == 1
+  train(tf.constant([3.0, 1.0]))
+  # Summed gradient [4, 2]; momentum slot -[4, 2]; variable 1 - [4, 2].
+  for i, local in enumerate(mirrored_strategy.experimental_local_results(var)):
+    assert local.numpy().tolist() == [-3.0, -1.0], f'replica {i}'
+  assert float(opt.loss_scale()) == 4.0
+  assert int(opt.iterations.numpy()) == 2
+
+
+@pytest.mark.parametrize('family', ['legacy', 'new', 'keras3'])
+def test_float16_sum_overflowing_across_two_replicas_is_skipped(
+    mirrored_strategy, family):
+  # Each replica's float16 gradient (40000) is finite; their sum (80000) is
+  # not. The verdict is taken on what is applied, the sum: skipped.
+  import keras  # pylint: disable=g-import-not-at-top
+  with mirrored_strategy.scope():
+    var = tf.Variable([1.0, 1.0], dtype=tf.float16)
+    inner = {'legacy': lambda: tf_keras.optimizers.legacy.SGD(1.0),
+             'new': lambda: tf_keras.optimizers.SGD(1.0),
+             'keras3': lambda: keras.optimizers.SGD(1.0)}[family]()
+    opt = _ours(inner, 1.0, 1000)
+
+  @tf.function
+  def train(grad):
+    mirrored_strategy.run(
+        lambda: opt.apply_gradients([(tf.cast(grad, tf.float16), var)]))
+
+  train(tf.constant([40000.0, 1.0]))
+  for i, local in enumerate(mirrored_strategy.experimental_local_results(var)):
+    assert local.numpy().tolist() == [1.0, 1.0], f'replica {i} applied'
+  assert int(opt.loss_scale.good_steps.numpy()) == 0
+  assert int(tf_loss_scale.DynamicLossScale.skipped_steps.fget(
+      opt.loss_scale).numpy()) == 1
+  train(tf.constant([1.0, 1.0]))
+  for i, local in enumerate(mirrored_strategy.experimental_local_results(var)):
+    assert local.numpy().tolist() == [-1.0, -1.0], f'replica {i}'
+
+
+@pytest.mark.parametrize('family', ['legacy', 'new'])
+def test_checkpoint_moves_between_wrapper_and_bare_inner(tmp_path, family):
+  make = (lambda: tf_keras.optimizers.legacy.Adam(0.25)) if (
+      family == 'legacy') else (lambda: tf_keras.optimizers.Adam(0.25))
+  var = tf.Variable([1.0, 2.0])
+  opt = _ours(make(), 8.0, 2)
+  for grad in ([1.0, 1.0], [INF, 1.0], [0.5, -1.0]):
+    opt.apply_gradients([(tf.constant(grad), var)])
+  saved = tf.train.Checkpoint(var=var, optimizer=opt).save(
+      str(tmp_path / 'wrapped'))
+
+  bare_var = tf.Variable([0.0, 0.0])
+  bare = make()
+  bare.apply_gradients([(tf.constant([0.0, 0.0]), bare_var)])
+  tf.train.Checkpoint(var=bare_var, optimizer=bare).restore(
+      saved).assert_existing_objects_matched()
+  assert int(bare.iterations) == 3
+  for mine, theirs in zip(_inner_values(opt), [
+      v.numpy() for v in (bare.variables() if callable(bare.variables) else
+                          bare.variables)]):
+    np.testing.assert_array_equal(mine, theirs, err_msg='wrapper -> bare')
+
+  saved_bare = tf.train.Checkpoint(var=bare_var, optimizer=bare).save(
+      str(tmp_path / 'bare'))
+  back_var = tf.Variable([0.0, 0.0])
+  back = _ours(make(), 16.0, 2)
+  back.apply_gradients([(tf.constant([0.0, 0.0]), back_var)])
+  tf.train.Checkpoint(var=back_var, optimizer=back).restore(
+      saved_bare).assert_nontrivial_match()
+  assert int(back.iterations) == 3
+  assert float(back.loss_scale()) == 16.0  # not in the bare checkpoint
+  for mine, theirs in zip(_inner_values(back), _inner_values(opt)):
+    np.testing.assert_array_equal(mine, theirs, err_msg='bare -> wrapper')
+
+
+def test_checkpoint_interchanges_with_tf_keras_loss_scale_optimizer(tmp_path):
+  # tf_keras's own wrapper of legacy optimizers kept TF 2.3's format too.
+  var = tf.Variable([1.0, 2.0])
+  theirs = tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.legacy.SGD(0.5, momentum=0.5), initial_scale=8.0,
+      dynamic_growth_steps=2)
+  for grad in ([1.0, 1.0], [INF, 1.0], [0.5, -1.0]):
+    theirs.apply_gradients([(tf.constant(grad), var)])
+  saved = tf.train.Checkpoint(var=var, optimizer=theirs).save(
+      str(tmp_path / 'theirs'))
+  our_var = tf.Variable([0.0, 0.0])
+  ours = _ours(tf_keras.optimizers.legacy.SGD(0.5, momentum=0.5), 1.0, 2)
+  # The slots do not exist yet: they are restored when the first step
+  # creates them (TF 2.3's deferred slot restoration).
+  tf.train.Checkpoint(var=our_var, optimizer=ours).restore(
+      saved).assert_existing_objects_matched()
+  assert our_var.numpy().tolist() == var.numpy().tolist()
+  # Scale 8, halved by the skip, then one good step of the two to grow.
+  assert float(ours.loss_scale()) == 4.0
+  assert int(ours.loss_scale.good_steps.numpy()) == 1
+  assert int(ours.iterations) == 3
+  ours.apply_gradients([(tf.constant([0.0, 0.0]), our_var)])
+  np.testing.assert_array_equal(ours.get_slot(our_var, 'momentum').numpy(),
+                                theirs.get_slot(var, 'momentum').numpy() * 0.5)
+  assert float(ours.loss_scale()) == 8.0
+
+
+def test_hyperparameters_read_and_write_the_inner_optimizers():
+  inner = tf_keras.optimizers.legacy.Adam(learning_rate=1.0, beta_1=0.5)
+  inner.my_attribute = 123
+  opt = experimental.LossScaleOptimizer(inner, 'dynamic')
+  assert float(opt.beta_1) == 0.5
+  opt.beta_1 = 0.25
+  assert float(inner.beta_1) == 0.25
+  assert opt.epsilon == inner.epsilon
+  opt.lr = 2.0
+  assert float(inner.learning_rate) == 2.0
+  with pytest.raises(AttributeError, match="no attribute 'my_attribute'"):
+    _ = opt.my_attribute
+  with pytest.raises(AttributeError):
+    opt.not_an_attr += 3
