@@ -64,6 +64,31 @@ def hyperparameter_names(inner_optimizer: Any) -> FrozenSet[str]:
   return frozenset(inner_optimizer.get_config()) - _NOT_HYPERPARAMETERS
 
 
+class InnerAttribute:
+  """A wrapper attribute that is the inner optimizer's, read and written there.
+
+  For the attributes TF 2.3's wrapper forwarded by name (`learning_rate`,
+  `lr`, clipping, `iterations`), which the wrapper's base class would
+  otherwise answer itself.
+  """
+
+  def __init__(self, doc: str, name: Optional[str] = None):
+    """Forwards to the inner optimizer's attribute `name` (default: own)."""
+    self.__doc__ = doc
+    self._name = name
+
+  def __set_name__(self, owner: type, name: str) -> None:
+    self._name = self._name or name
+
+  def __get__(self, wrapper: Any, owner: Optional[type] = None) -> Any:
+    if wrapper is None:
+      return self
+    return getattr(wrapper.inner_optimizer, self._name)
+
+  def __set__(self, wrapper: Any, value: Any) -> None:
+    setattr(wrapper.inner_optimizer, self._name, value)
+
+
 class TF23Surface:
   """The part of TF 2.3's API that is the same on every path.
 
