@@ -7,6 +7,10 @@ and variables, slots, loss scale and `iterations` must be equal after every
 step. The TF 2.3 test file's cases are ported in test_experimental_tf23_spec.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -351,3 +355,32 @@ def test_hyperparameters_read_and_write_the_inner_optimizers():
     _ = opt.my_attribute
   with pytest.raises(AttributeError):
     opt.not_an_attr += 3
+
+
+_BFLOAT16_SCRIPT = '''
+import warnings
+import keras, tf_keras
+from tf_loss_scale.keras import experimental
+{policy}.mixed_precision.set_global_policy('mixed_bfloat16')
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter('always')
+  experimental.LossScaleOptimizer({optimizer}, 'dynamic')
+  experimental.LossScaleOptimizer({optimizer}, 'dynamic')
+print(sum('bfloat16' in str(w.message) for w in caught))
+'''
+
+
+@pytest.mark.parametrize('policy,optimizer', [
+    ('keras', 'keras.optimizers.SGD()'),
+    # Both tf_keras classes warn from the constructor they share.
+    ('tf_keras', 'tf_keras.optimizers.legacy.SGD()'),
+])
+def test_wrapping_under_mixed_bfloat16_warns_once(policy, optimizer):
+  # A fresh process: the policy is global, and the warning once per process.
+  result = subprocess.run(
+      [sys.executable, '-c',
+       _BFLOAT16_SCRIPT.format(policy=policy, optimizer=optimizer)],
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'), check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split()[-1] == '1', result.stdout
