@@ -384,3 +384,45 @@ def test_wrapping_under_mixed_bfloat16_warns_once(policy, optimizer):
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'), check=False)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.split()[-1] == '1', result.stdout
+
+
+@pytest.mark.parametrize('family', ['legacy', 'new'])
+def test_no_reduction_beyond_the_bare_optimizers(mirrored_strategy, family):
+  # The verdict is taken on the sums the inner optimizer applies, so a step
+  # launches exactly the cross-replica reductions of a bare step.
+  make = {'legacy': lambda: tf_keras.optimizers.legacy.SGD(1.0),
+          'new': lambda: tf_keras.optimizers.SGD(1.0)}[family]
+  extended = type(mirrored_strategy.extended)
+
+  def reductions_in_one_step(wrap):
+    with mirrored_strategy.scope():
+      var = tf.Variable([1.0, 2.0])
+      opt = _ours(make()) if wrap else make()
+    calls = []
+
+    def replica_step():
+      opt.apply_gradients([(tf.constant([1.0, 1.0]), var)])
+
+    step = tf.function(lambda: mirrored_strategy.run(replica_step))
+    originals = {name: getattr(extended, name)
+                 for name in ('reduce_to', 'batch_reduce_to')}
+
+    def counting(name):
+      def wrapper(*args, **kwargs):
+        calls.append(name)
+        return originals[name](*args, **kwargs)
+      return wrapper
+
+    try:
+      for name in originals:
+        setattr(extended, name, counting(name))
+      step.get_concrete_function()
+    finally:
+      for name, original in originals.items():
+        setattr(extended, name, original)
+    return calls
+
+  bare = reductions_in_one_step(wrap=False)
+  ours = reductions_in_one_step(wrap=True)
+  assert bare, 'the bare optimizer launched no reduction: nothing counted'
+  assert ours == bare, f'ours {ours}, bare {bare}'
