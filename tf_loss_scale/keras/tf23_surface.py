@@ -3,7 +3,8 @@
 `tf_loss_scale.keras.experimental.LossScaleOptimizer` takes its path from
 the inner optimizer's type (Keras 3, tf_keras legacy, tf_keras). Every path
 mixes in `TF23Surface`: the loss scale argument, scaling the loss and
-unscaling gradients, and one rule for hyperparameters, stated here once:
+unscaling gradients, `minimize` (TF 2.3's signature), TF 2.3's config
+format, and one rule for hyperparameters, stated here once:
 
   The inner optimizer's hyperparameters are the arguments its `get_config()`
   reports (except `name`). The wrapper reads and writes exactly those on the
