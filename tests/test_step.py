@@ -110,21 +110,16 @@ def test_reducing_step_decides_on_the_sums_and_applies_them_once(
                              reduces=False)[1]
     return mirrored_strategy.run(replica_fn)
 
-  applied = train_step([3.0, 5.0])
-  assert {bool(a) for a in mirrored_strategy.experimental_local_results(
-      applied)} == {True}
-  for replica, value in enumerate(
-      mirrored_strategy.experimental_local_results(var)):
-    np.testing.assert_array_equal(value.numpy(), [-8.0, -2.0],
-                                  err_msg=f'replica {replica}')
+  def check(applied, expected_applied, when):
+    local = mirrored_strategy.experimental_local_results
+    assert {bool(a) for a in local(applied)} == {expected_applied}, when
+    for replica, value in enumerate(local(var)):
+      np.testing.assert_array_equal(value.numpy(), [-8.0, -2.0],
+                                    err_msg=f'replica {replica} {when}')
+
+  check(train_step([3.0, 5.0]), True, 'after the sum [8, 2] was applied')
   # Each replica's float16 gradient is finite; their sum, 80000, is not.
-  applied = train_step([40000.0, 40000.0])
-  assert {bool(a) for a in mirrored_strategy.experimental_local_results(
-      applied)} == {False}
-  for replica, value in enumerate(
-      mirrored_strategy.experimental_local_results(var)):
-    np.testing.assert_array_equal(value.numpy(), [-8.0, -2.0],
-                                  err_msg=f'replica {replica} after overflow')
+  check(train_step([40000.0, 40000.0]), False, 'after the overflow')
   assert float(scale()) == 1.0  # the floor: halving 1 stays at 1
 
 
