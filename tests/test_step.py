@@ -68,6 +68,35 @@ def test_apply_step_with_a_fixed_scale_applies_every_step():
   assert var.numpy().tolist() == [-INF]
 
 
+class _SkipsOddSteps(tf_loss_scale.LossScale):
+  """A user's LossScale with its own verdict: it skips every other step."""
+
+  def __init__(self):
+    super().__init__()
+    self.calls = tf.Variable(0)
+
+  def __call__(self):
+    return tf.constant(2.0)
+
+  def update(self, grads):
+    del grads
+    self.calls.assign_add(1)
+    return None, tf.equal(self.calls % 2, 1)
+
+  def get_config(self):
+    return {}
+
+
+def test_apply_step_lets_a_user_loss_scale_decide_through_update():
+  var = tf.Variable([0.0])
+  state = step.LossScaleState(_SkipsOddSteps())
+  applied = [bool(step.apply_step([tf.constant([2.0])], state,
+                                  _sgd_apply([var]), scaled=[True])[1])
+             for _ in range(4)]
+  assert applied == [True, False, True, False]
+  assert var.numpy().tolist() == [-2.0]  # two steps of 2 / 2
+
+
 def test_apply_step_runs_on_skip_once_per_skipped_step():
   skips = tf.Variable(0)
   var = tf.Variable([1.0])
