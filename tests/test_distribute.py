@@ -362,3 +362,14 @@ def test_check_strategy_supported_refuses_central_storage():
     with pytest.raises(ValueError,
                        match='^LossScaleOptimizer: .*CentralStorageStrategy'):
       distribute.check_strategy_supported('LossScaleOptimizer')
+
+
+def test_check_strategy_supported_refuses_tpu_strategy(monkeypatch):
+  # No TPU here: an uninitialised TPUStrategy stands in for the current one.
+  fake_tpu = object.__new__(tf.distribute.TPUStrategy)
+  monkeypatch.setattr(tf.distribute, 'has_strategy', lambda: True)
+  monkeypatch.setattr(tf.distribute, 'get_strategy', lambda: fake_tpu)
+  with pytest.raises(ValueError,
+                     match='not supported under TPUStrategy.*bfloat16.*inner '
+                     'optimizer on its own'):
+    distribute.check_strategy_supported('LossScaleOptimizer')

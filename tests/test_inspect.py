@@ -93,7 +93,7 @@ def _fit_three_finite_steps(optimizer):
 
 @pytest.mark.parametrize('make_optimizer, layout', [
     (keras.optimizers.LossScaleOptimizer, KERAS_LAYOUT),
-    (LossScaleOptimizer, TF_LAYOUT),
+    (LossScaleOptimizer, KERAS_LAYOUT),  # the Keras 3 form stores as Keras does
 ], ids=['keras', 'tf_loss_scale'])
 def test_keras_file(capsys, tmp_path, make_optimizer, layout):
   model = _fit_three_finite_steps(make_optimizer(

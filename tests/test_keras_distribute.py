@@ -192,3 +192,166 @@ def test_keras_reference_fit_applies_the_overflow(mirrored_strategy):
   assert not np.all(np.isfinite(weights)), (
       f'expected Keras 3.15 to apply replica 1 overflow, got {weights}')
   assert scale == 8.0
+
+
+# --- float16 sums that overflow ----------------------------------------------
+# Each replica's float16 gradient is 40000 (finite: float16 tops out at
+# 65504); their all-reduced sum, 80000, is inf. The step must be skipped.
+
+
+def _float16_sum_overflow_loop(strategy, make_optimizer):
+  with strategy.scope():
+    opt = make_optimizer(keras.optimizers.SGD(1e-4))
+    var = keras.Variable(np.array([1.0, 1.0], np.float16), dtype='float16')
+    opt.build([var])
+
+  @tf.function
+  def train_step(value):
+    def replica_fn():
+      grad = tf.stack([tf.cast(value, tf.float16), tf.constant(1.0, tf.float16)])
+      opt.apply([grad * tf.cast(opt.dynamic_scale, tf.float16)], [var])
+    strategy.run(replica_fn)
+
+  history = []
+  for value in (1000.0, 40000.0, 1000.0):
+    train_step(tf.constant(value))
+    history.append((_replica_values(strategy, var), _scale_of(opt),
+                    int(opt.iterations.numpy())))
+  return history
+
+
+def test_float16_sum_overflow_across_replicas_is_skipped_in_a_custom_loop(
+    mirrored_strategy):
+  history = _float16_sum_overflow_loop(
+      mirrored_strategy,
+      lambda inner: tls_keras.LossScaleOptimizer(inner, initial_scale=1.0))
+  # Applied steps move by 1e-4 * [2000, 2] (the sum over two replicas).
+  expected = [[0.8, 0.9998], [0.8, 0.9998], [0.6, 0.9996]]
+  for step, (replica_weights, scale, iterations) in enumerate(history):
+    for replica, weights in enumerate(replica_weights):
+      np.testing.assert_allclose(
+          weights.astype(np.float32), expected[step], rtol=1e-3,
+          err_msg=f'step {step}: weights on replica {replica}')
+    assert scale == 1.0, f'step {step}: scale {scale} (floor at 1)'
+    assert iterations == [1, 1, 2][step], f'step {step}: iterations'
+
+
+def test_keras_reference_applies_a_float16_sum_overflow(mirrored_strategy):
+  """Documents Keras 3.15: it decides before the sum, and applies -inf."""
+  history = _float16_sum_overflow_loop(
+      mirrored_strategy,
+      lambda inner: keras.optimizers.LossScaleOptimizer(inner,
+                                                        initial_scale=1.0))
+  replica_weights, _, _ = history[1]
+  for replica, weights in enumerate(replica_weights):
+    assert np.isneginf(weights[0]), f'replica {replica}: {weights}'
+
+
+def test_float16_sum_overflow_across_replicas_is_skipped_in_fit(
+    mirrored_strategy):
+  with mirrored_strategy.scope():
+    model = keras.Sequential([
+        keras.Input((1,)),
+        keras.layers.Dense(1, use_bias=False, kernel_initializer='ones',
+                           dtype='float16')
+    ])
+    model.compile(
+        optimizer=tls_keras.LossScaleOptimizer(keras.optimizers.SGD(1e-6),
+                                               initial_scale=1.0),
+        loss=lambda y, p: tf.reduce_mean(p))
+  kernels = []
+
+  class Record(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      kernels.append(float(model.layers[0].kernel.numpy().ravel()[0]))
+
+  # One row per replica and batch. Each replica's gradient is its row's x:
+  # batch 0 sums 100 + 100, batch 1 sums 40000 + 40000 (inf in float16).
+  x = np.array([[100.0], [100.0], [40000.0], [40000.0]], np.float32)
+  model.fit(x, np.zeros((4, 1), np.float32), batch_size=2, shuffle=False,
+            verbose=0, callbacks=[Record()])
+  np.testing.assert_allclose(kernels, [1.0 - 2e-4, 1.0 - 2e-4], rtol=1e-3,
+                             err_msg='batch 1 (the sum overflow) was applied')
+  assert int(model.optimizer.iterations.numpy()) == 1
+  assert int(model.optimizer.skipped_steps) == 1
+
+
+# --- wrong use ------------------------------------------------------------------
+
+
+def test_optimizer_built_outside_the_scope_is_refused_before_anything_runs(
+    mirrored_strategy):
+  opt = tls_keras.LossScaleOptimizer(keras.optimizers.SGD(0.5),
+                                     initial_scale=8.0)
+  var = keras.Variable(np.array([1.0], np.float32))
+  opt.build([var])
+  with pytest.raises(ValueError,
+                     match=r'not created in its scope.*inside `with '
+                     r'strategy.scope\(\):`'):
+    mirrored_strategy.run(lambda: opt.apply([tf.constant([8.0])], [var]))
+  assert var.numpy().tolist() == [1.0]
+  assert float(opt.dynamic_scale.numpy()) == 8.0
+  assert int(opt.step_counter.numpy()) == 0
+  assert int(opt.iterations.numpy()) == 0
+
+
+def test_apply_in_the_cross_replica_context_says_where_to_call_it(
+    mirrored_strategy):
+  with mirrored_strategy.scope():
+    opt = tls_keras.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+    var = keras.Variable(np.array([1.0], np.float32))
+    with pytest.raises(ValueError,
+                       match=r'must be called in a replica context.*'
+                       r'strategy.run'):
+      opt.apply([tf.constant([1.0])], [var])
+
+
+# --- collectives per step -------------------------------------------------------
+
+
+def _reductions_per_step(strategy, opt, variables):
+  """Counts the cross-replica reduction ops of one traced training step.
+
+  Gradient batches are all-reduced with CollectiveReduceV2 (one op per
+  replica); a value reduced to one device on CPUs is summed by an AddN.
+  Branch functions (the apply side of a cond) are counted too.
+  """
+
+  @tf.function
+  def train_step():
+    def replica_fn():
+      opt.apply([tf.ones_like(v) for v in variables], variables)
+    strategy.run(replica_fn)
+
+  graph = train_step.get_concrete_function().graph.as_graph_def()
+  nodes = list(graph.node)
+  for function in graph.library.function:
+    nodes.extend(function.node_def)
+  return {'gradient collectives': sum(n.op == 'CollectiveReduceV2'
+                                      for n in nodes),
+          'scalar reductions': sum(n.op == 'AddN' for n in nodes)}
+
+
+def test_gradient_collectives_per_step_equal_a_bare_optimizers(
+    mirrored_strategy):
+  counts = {}
+  for name, make in [
+      ('bare', lambda: keras.optimizers.SGD(0.1)),
+      ('keras', lambda: keras.optimizers.LossScaleOptimizer(
+          keras.optimizers.SGD(0.1))),
+      ('ours', lambda: tls_keras.LossScaleOptimizer(
+          keras.optimizers.SGD(0.1)))]:
+    with mirrored_strategy.scope():
+      variables = [keras.Variable(np.ones((3, 2), np.float32)),
+                   keras.Variable(np.zeros((2,), np.float32))]
+      opt = make()
+      opt.build(variables)
+    counts[name] = _reductions_per_step(mirrored_strategy, opt, variables)
+  # One batch of gradients, one collective op per replica, for all three.
+  assert counts['bare'] == {'gradient collectives': 2, 'scalar reductions': 0}
+  assert counts['keras'] == counts['bare'], counts
+  # Ours adds the one scalar that lets every replica agree on the sums that
+  # Keras's optimizer computes inside apply (see tf_loss_scale/step.py).
+  assert counts['ours'] == {'gradient collectives': 2,
+                            'scalar reductions': 1}, counts

@@ -7,6 +7,10 @@ and variables, slots, loss scale and `iterations` must be equal after every
 step. The TF 2.3 test file's cases are ported in test_experimental_tf23_spec.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -351,3 +355,74 @@ def test_hyperparameters_read_and_write_the_inner_optimizers():
     _ = opt.my_attribute
   with pytest.raises(AttributeError):
     opt.not_an_attr += 3
+
+
+_BFLOAT16_SCRIPT = '''
+import warnings
+import keras, tf_keras
+from tf_loss_scale.keras import experimental
+{policy}.mixed_precision.set_global_policy('mixed_bfloat16')
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter('always')
+  experimental.LossScaleOptimizer({optimizer}, 'dynamic')
+  experimental.LossScaleOptimizer({optimizer}, 'dynamic')
+print(sum('bfloat16' in str(w.message) for w in caught))
+'''
+
+
+@pytest.mark.parametrize('policy,optimizer', [
+    ('keras', 'keras.optimizers.SGD()'),
+    # Both tf_keras classes warn from the constructor they share.
+    ('tf_keras', 'tf_keras.optimizers.legacy.SGD()'),
+])
+def test_wrapping_under_mixed_bfloat16_warns_once(policy, optimizer):
+  # A fresh process: the policy is global, and the warning once per process.
+  result = subprocess.run(
+      [sys.executable, '-c',
+       _BFLOAT16_SCRIPT.format(policy=policy, optimizer=optimizer)],
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'), check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split()[-1] == '1', result.stdout
+
+
+@pytest.mark.parametrize('family', ['legacy', 'new'])
+def test_no_reduction_beyond_the_bare_optimizers(mirrored_strategy, family):
+  # The verdict is taken on the sums the inner optimizer applies, so a step
+  # launches exactly the cross-replica reductions of a bare step.
+  make = {'legacy': lambda: tf_keras.optimizers.legacy.SGD(1.0),
+          'new': lambda: tf_keras.optimizers.SGD(1.0)}[family]
+  extended = type(mirrored_strategy.extended)
+
+  def reductions_in_one_step(wrap):
+    with mirrored_strategy.scope():
+      var = tf.Variable([1.0, 2.0])
+      opt = _ours(make()) if wrap else make()
+    calls = []
+
+    def replica_step():
+      opt.apply_gradients([(tf.constant([1.0, 1.0]), var)])
+
+    step = tf.function(lambda: mirrored_strategy.run(replica_step))
+    originals = {name: getattr(extended, name)
+                 for name in ('reduce_to', 'batch_reduce_to')}
+
+    def counting(name):
+      def wrapper(*args, **kwargs):
+        calls.append(name)
+        return originals[name](*args, **kwargs)
+      return wrapper
+
+    try:
+      for name in originals:
+        setattr(extended, name, counting(name))
+      step.get_concrete_function()
+    finally:
+      for name, original in originals.items():
+        setattr(extended, name, original)
+    return calls
+
+  bare = reductions_in_one_step(wrap=False)
+  ours = reductions_in_one_step(wrap=True)
+  assert bare, 'the bare optimizer launched no reduction: nothing counted'
+  assert ours == bare, f'ours {ours}, bare {bare}'

@@ -69,24 +69,19 @@ def _built_target(kind):
   return model
 
 
+@pytest.mark.parametrize('file_name', ['model.keras', 'model.weights.h5'])
 @pytest.mark.parametrize('source_kind,target_kind', DIRECTIONS)
-def test_load_weights_from_a_keras_file(tmp_path, source_kind, target_kind):
+def test_load_weights_from_a_file(tmp_path, source_kind, target_kind,
+                                  file_name):
   source = _trained(source_kind)
-  path = str(tmp_path / 'model.keras')
-  source.save(path)
+  path = str(tmp_path / file_name)
+  if file_name.endswith('.weights.h5'):
+    source.save_weights(path)
+  else:
+    source.save(path)
   target = _built_target(target_kind)
   target.load_weights(path)
-  _assert_same_optimizer_state(source, target, 'load_weights(.keras)')
-
-
-@pytest.mark.parametrize('source_kind,target_kind', DIRECTIONS)
-def test_weights_file(tmp_path, source_kind, target_kind):
-  source = _trained(source_kind)
-  path = str(tmp_path / 'model.weights.h5')
-  source.save_weights(path)
-  target = _built_target(target_kind)
-  target.load_weights(path)
-  _assert_same_optimizer_state(source, target, 'load_weights(.weights.h5)')
+  _assert_same_optimizer_state(source, target, f'load_weights({file_name})')
 
 
 @pytest.mark.parametrize('source_kind,target_kind', DIRECTIONS)

@@ -54,6 +54,23 @@ def _assert_same_state(step, ours, reference, our_vars, ref_vars):
       f'{float(reference.dynamic_scale.numpy())}')
 
 
+def _run_against_reference(ours, reference, our_vars, ref_vars, use_function):
+  """Feeds both optimizers SEQUENCE's gradients, checking state each step."""
+
+  def make_step(opt, variables):
+    # Variables are captured: tf.function would trace arguments as tensors.
+    def step(grads):
+      opt.apply([g * opt.dynamic_scale for g in grads], variables)
+    return tf.function(step) if use_function else step
+
+  our_step, ref_step = make_step(ours, our_vars), make_step(reference, ref_vars)
+  for i, kind in enumerate(SEQUENCE):
+    grads = [tf.constant(g) for g in _grads(i, kind)]
+    our_step(grads)
+    ref_step(grads)
+    _assert_same_state(f'{i} ({kind})', ours, reference, our_vars, ref_vars)
+
+
 @pytest.mark.parametrize('use_function', [False, True])
 @pytest.mark.parametrize('inner', ['sgd_momentum', 'adam'])
 def test_apply_matches_keras_reference_at_every_step(use_function, inner):
@@ -69,19 +86,7 @@ def test_apply_matches_keras_reference_at_every_step(use_function, inner):
   ours.build(our_vars)
   reference.build(ref_vars)
 
-  def make_step(opt, variables):
-    # Variables are captured: tf.function would trace arguments as tensors.
-    def step(grads):
-      scale = opt.dynamic_scale
-      opt.apply([g * scale for g in grads], variables)
-    return tf.function(step) if use_function else step
-
-  our_step, ref_step = make_step(ours, our_vars), make_step(reference, ref_vars)
-  for i, kind in enumerate(SEQUENCE):
-    grads = [tf.constant(g) for g in _grads(i, kind)]
-    our_step(grads)
-    ref_step(grads)
-    _assert_same_state(i, ours, reference, our_vars, ref_vars)
+  _run_against_reference(ours, reference, our_vars, ref_vars, use_function)
   assert int(ours.iterations) == int(reference.inner_optimizer.iterations) == 9
 
 
@@ -369,17 +374,7 @@ def test_inner_features_match_keras_class_step_for_step(feature, use_function):
   ours.build(our_vars)
   reference.build(ref_vars)
 
-  def make_step(opt, variables):
-    def step(grads):
-      opt.apply([g * opt.dynamic_scale for g in grads], variables)
-    return tf.function(step) if use_function else step
-
-  our_step, ref_step = make_step(ours, our_vars), make_step(reference, ref_vars)
-  for i, kind in enumerate(SEQUENCE):
-    grads = [tf.constant(g) for g in _grads(i, kind)]
-    our_step(grads)
-    ref_step(grads)
-    _assert_same_state(f'{i} ({kind})', ours, reference, our_vars, ref_vars)
+  _run_against_reference(ours, reference, our_vars, ref_vars, use_function)
   ours.finalize_variable_values(our_vars)
   reference.finalize_variable_values(ref_vars)
   _assert_same_state('after finalize', ours, reference, our_vars, ref_vars)

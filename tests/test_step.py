@@ -68,6 +68,35 @@ def test_apply_step_with_a_fixed_scale_applies_every_step():
   assert var.numpy().tolist() == [-INF]
 
 
+class _SkipsOddSteps(tf_loss_scale.LossScale):
+  """A user's LossScale with its own verdict: it skips every other step."""
+
+  def __init__(self):
+    super().__init__()
+    self.calls = tf.Variable(0)
+
+  def __call__(self):
+    return tf.constant(2.0)
+
+  def update(self, grads):
+    del grads
+    self.calls.assign_add(1)
+    return None, tf.equal(self.calls % 2, 1)
+
+  def get_config(self):
+    return {}
+
+
+def test_apply_step_lets_a_user_loss_scale_decide_through_update():
+  var = tf.Variable([0.0])
+  state = step.LossScaleState(_SkipsOddSteps())
+  applied = [bool(step.apply_step([tf.constant([2.0])], state,
+                                  _sgd_apply([var]), scaled=[True])[1])
+             for _ in range(4)]
+  assert applied == [True, False, True, False]
+  assert var.numpy().tolist() == [-2.0]  # two steps of 2 / 2
+
+
 def test_apply_step_runs_on_skip_once_per_skipped_step():
   skips = tf.Variable(0)
   var = tf.Variable([1.0])
@@ -110,21 +139,16 @@ def test_reducing_step_decides_on_the_sums_and_applies_them_once(
                              reduces=False)[1]
     return mirrored_strategy.run(replica_fn)
 
-  applied = train_step([3.0, 5.0])
-  assert {bool(a) for a in mirrored_strategy.experimental_local_results(
-      applied)} == {True}
-  for replica, value in enumerate(
-      mirrored_strategy.experimental_local_results(var)):
-    np.testing.assert_array_equal(value.numpy(), [-8.0, -2.0],
-                                  err_msg=f'replica {replica}')
+  def check(applied, expected_applied, when):
+    local = mirrored_strategy.experimental_local_results
+    assert {bool(a) for a in local(applied)} == {expected_applied}, when
+    for replica, value in enumerate(local(var)):
+      np.testing.assert_array_equal(value.numpy(), [-8.0, -2.0],
+                                    err_msg=f'replica {replica} {when}')
+
+  check(train_step([3.0, 5.0]), True, 'after the sum [8, 2] was applied')
   # Each replica's float16 gradient is finite; their sum, 80000, is not.
-  applied = train_step([40000.0, 40000.0])
-  assert {bool(a) for a in mirrored_strategy.experimental_local_results(
-      applied)} == {False}
-  for replica, value in enumerate(
-      mirrored_strategy.experimental_local_results(var)):
-    np.testing.assert_array_equal(value.numpy(), [-8.0, -2.0],
-                                  err_msg=f'replica {replica} after overflow')
+  check(train_step([40000.0, 40000.0]), False, 'after the overflow')
   assert float(scale()) == 1.0  # the floor: halving 1 stays at 1
 
 

@@ -16,13 +16,15 @@ from tf_loss_scale import gradients
 
 
 def _unsupported_strategy_types() -> tuple:
-  # Strategies whose variables are not mirrored on each replica: the replicas
-  # cannot skip a step together there. Looked up by public name, so a
-  # TensorFlow without one of them simply has nothing to refuse.
+  # Strategies whose variables are not mirrored on each replica (the
+  # replicas cannot skip a step together there), and TPUStrategy (untested,
+  # and TPUs compute in bfloat16, which needs no loss scale). Looked up by
+  # public name, so a TensorFlow without one of them has nothing to refuse.
   found = []
-  for namespace in (tf.distribute.experimental,
+  for namespace in (tf.distribute, tf.distribute.experimental,
                     tf.compat.v1.distribute.experimental):
-    for name in ('CentralStorageStrategy', 'ParameterServerStrategy'):
+    for name in ('CentralStorageStrategy', 'ParameterServerStrategy',
+                 'TPUStrategy'):
       strategy_type = getattr(namespace, name, None)
       if strategy_type is not None:
         found.append(strategy_type)
@@ -235,16 +237,19 @@ def check_strategy_supported(where: str) -> None:
     where: The call being checked (named in the error message).
 
   Raises:
-    ValueError: Under CentralStorageStrategy or ParameterServerStrategy.
+    ValueError: Under CentralStorageStrategy, ParameterServerStrategy or
+      TPUStrategy.
   """
   if not tf.distribute.has_strategy():
     return
   strategy = tf.distribute.get_strategy()
   if isinstance(strategy, _unsupported_strategy_types()):
     name = type(strategy).__name__
+    hint = (' TPUs compute in bfloat16, which needs no loss scale: use the '
+            'inner optimizer on its own.' if 'TPU' in name else '')
     raise ValueError(
         f'{where}: loss scaling is not supported under {name}. Use '
-        'MirroredStrategy, MultiWorkerMirroredStrategy or no strategy.')
+        f'MirroredStrategy, MultiWorkerMirroredStrategy or no strategy.{hint}')
 
 
 def _share_of_largest_sum(grads: Any) -> tf.Tensor:

@@ -10,7 +10,6 @@ finite check (`tf_loss_scale.gradients`).
 
 import math
 import numbers
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import keras
@@ -23,12 +22,10 @@ from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
+from tf_loss_scale.keras import wrapping
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
-# The wrapper of each wrapped inner optimizer: one optimizer wrapped twice
-# would take two steps per step and keep two loss scales.
-_WRAPPER_OF_INNER = weakref.WeakKeyDictionary()
 
 
 @keras.saving.register_keras_serializable(
@@ -95,12 +92,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         an out of range number, an inner optimizer that is a loss scale
         optimizer or is already wrapped; or under an unsupported strategy.
     """
-    _check_inner_optimizer(inner_optimizer)
+    wrapping.check_inner_optimizer(inner_optimizer)
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
     distribute.check_strategy_supported(f'{type(self).__name__}()')
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
                      name=name, **kwargs)
-    _WRAPPER_OF_INNER[inner_optimizer] = weakref.ref(self)
+    wrapping.remember_wrapper(inner_optimizer, self)
     precision.warn_if_scaling_is_not_needed(
         keras.mixed_precision.global_policy().compute_dtype,
         type(self).__name__)
@@ -415,25 +412,6 @@ def _scaled_flags(grads: List[Any], variables: List[Any]) -> List[bool]:
 
 def _index_of(variables: List[Any], wanted: Any) -> int:
   return next(i for i, v in enumerate(variables) if v is wanted)
-
-
-def _check_inner_optimizer(inner_optimizer: Any) -> None:
-  if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
-    raise ValueError(
-        'inner_optimizer is already a loss scale optimizer '
-        f'({type(inner_optimizer).__name__}); wrap the plain optimizer '
-        'instead.')
-  if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-    raise TypeError(
-        'inner_optimizer must be a Keras 3 optimizer (keras.optimizers.*), '
-        f'but got {inner_optimizer!r} of type '
-        f'{type(inner_optimizer).__name__}.')
-  wrapper = _WRAPPER_OF_INNER.get(inner_optimizer)
-  if wrapper is not None and wrapper() is not None:
-    raise ValueError(
-        f'inner_optimizer {inner_optimizer.name!r} is already wrapped by '
-        f'{wrapper().name!r}: create a new inner optimizer for each '
-        'LossScaleOptimizer.')
 
 
 def _check_scale_arguments(initial_scale: Any,

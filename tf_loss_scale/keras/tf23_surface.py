@@ -3,7 +3,8 @@
 `tf_loss_scale.keras.experimental.LossScaleOptimizer` takes its path from
 the inner optimizer's type (Keras 3, tf_keras legacy, tf_keras). Every path
 mixes in `TF23Surface`: the loss scale argument, scaling the loss and
-unscaling gradients, and one rule for hyperparameters, stated here once:
+unscaling gradients, `minimize` (TF 2.3's signature), TF 2.3's config
+format, and one rule for hyperparameters, stated here once:
 
   The inner optimizer's hyperparameters are the arguments its `get_config()`
   reports (except `name`). The wrapper reads and writes exactly those on the
@@ -62,6 +63,31 @@ def hyperparameter_names(inner_optimizer: Any) -> FrozenSet[str]:
     The hyperparameter names.
   """
   return frozenset(inner_optimizer.get_config()) - _NOT_HYPERPARAMETERS
+
+
+class InnerAttribute:
+  """A wrapper attribute that is the inner optimizer's, read and written there.
+
+  For the attributes TF 2.3's wrapper forwarded by name (`learning_rate`,
+  `lr`, clipping, `iterations`), which the wrapper's base class would
+  otherwise answer itself.
+  """
+
+  def __init__(self, doc: str, name: Optional[str] = None):
+    """Forwards to the inner optimizer's attribute `name` (default: own)."""
+    self.__doc__ = doc
+    self._name = name
+
+  def __set_name__(self, owner: type, name: str) -> None:
+    self._name = self._name or name
+
+  def __get__(self, wrapper: Any, owner: Optional[type] = None) -> Any:
+    if wrapper is None:
+      return self
+    return getattr(wrapper.inner_optimizer, self._name)
+
+  def __set__(self, wrapper: Any, value: Any) -> None:
+    setattr(wrapper.inner_optimizer, self._name, value)
 
 
 class TF23Surface:

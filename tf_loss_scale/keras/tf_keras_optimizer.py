@@ -104,59 +104,18 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     """The optimizer that applies the gradients."""
     return self._inner
 
-  @property
-  def iterations(self) -> tf.Variable:
-    """The inner optimizer's step counter; skipped steps count too."""
-    return self.inner_optimizer.iterations
-
-  @iterations.setter
-  def iterations(self, value: Any) -> None:
-    self.inner_optimizer.iterations = value
-
-  @property
-  def learning_rate(self) -> Any:
-    """The inner optimizer's learning rate (settable)."""
-    return self.inner_optimizer.learning_rate
-
-  @learning_rate.setter
-  def learning_rate(self, value: Any) -> None:
-    self.inner_optimizer.learning_rate = value
-
-  @property
-  def lr(self) -> Any:
-    """Alias of `learning_rate`."""
-    return self.inner_optimizer.learning_rate
-
-  @lr.setter
-  def lr(self, value: Any) -> None:
-    self.inner_optimizer.learning_rate = value
-
-  @property
-  def clipnorm(self) -> Any:
-    """The inner optimizer's per-gradient norm clip (unscaled gradients)."""
-    return self.inner_optimizer.clipnorm
-
-  @clipnorm.setter
-  def clipnorm(self, value: Any) -> None:
-    self.inner_optimizer.clipnorm = value
-
-  @property
-  def global_clipnorm(self) -> Any:
-    """The inner optimizer's global norm clip (unscaled gradients)."""
-    return self.inner_optimizer.global_clipnorm
-
-  @global_clipnorm.setter
-  def global_clipnorm(self, value: Any) -> None:
-    self.inner_optimizer.global_clipnorm = value
-
-  @property
-  def clipvalue(self) -> Any:
-    """The inner optimizer's value clip (unscaled gradients)."""
-    return self.inner_optimizer.clipvalue
-
-  @clipvalue.setter
-  def clipvalue(self, value: Any) -> None:
-    self.inner_optimizer.clipvalue = value
+  iterations = tf23_surface.InnerAttribute(
+      "The inner optimizer's step counter; skipped steps count too.")
+  learning_rate = tf23_surface.InnerAttribute(
+      "The inner optimizer's learning rate (settable).")
+  lr = tf23_surface.InnerAttribute('Alias of `learning_rate`.',
+                                   'learning_rate')
+  clipnorm = tf23_surface.InnerAttribute(
+      "The inner optimizer's per-gradient norm clip (unscaled gradients).")
+  global_clipnorm = tf23_surface.InnerAttribute(
+      "The inner optimizer's global norm clip (unscaled gradients).")
+  clipvalue = tf23_surface.InnerAttribute(
+      "The inner optimizer's value clip (unscaled gradients).")
 
   def get_weights(self) -> List[Any]:
     """The values of the inner optimizer's weights."""

@@ -1,18 +1,15 @@
-"""What both Keras loss scale optimizers share: wrapping, delegation, the step.
+"""What both Keras loss scale optimizers share, and the experimental base.
 
-`LossScaleOptimizerBase` wraps a Keras 3 optimizer (the "inner" optimizer)
-and holds a `tf_loss_scale.LossScale`. Each step it unscales the gradients,
-lets the loss scale decide (once, for every replica) whether they are all
-finite, advances the loss scale, and has the inner optimizer apply the
-gradients only when they are. The two public classes differ only in their
-constructors, their configs, whether the gradients they are given are
-scaled, and what a skipped step does to `iterations`.
+`check_inner_optimizer` and `remember_wrapper` are the checks both Keras
+forms make on the optimizer they wrap. `LossScaleOptimizerBase` is the base
+of the TF 2.0-2.3 form (`experimental.py`): it holds a
+`tf_loss_scale.LossScale` and runs `tf_loss_scale.step` with it each
+`apply`. (The Keras 3 form keeps Keras's own state and does not use it.)
 
 It subclasses `keras.optimizers.LossScaleOptimizer` for one reason: under a
 `mixed_float16` policy, `Model.compile` wraps every optimizer that is not an
 instance of that class in Keras's own loss scale optimizer, which would scale
-the loss a second time. Every method of that class is overridden here, so
-none of its computation runs.
+the loss a second time.
 """
 
 import weakref
@@ -76,14 +73,19 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
       ValueError: If it is a loss scale optimizer, is already wrapped, or has
         its own `loss_scale_factor`; or under an unsupported strategy.
     """
-    _check_inner_optimizer(inner_optimizer)
+    check_inner_optimizer(inner_optimizer)
+    if inner_optimizer.loss_scale_factor is not None:
+      raise ValueError(
+          'inner_optimizer has loss_scale_factor='
+          f'{inner_optimizer.loss_scale_factor!r}; the loss would be scaled '
+          'twice. Create it with loss_scale_factor=None.')
     distribute.check_strategy_supported(f'{type(self).__name__}()')
     # Deliberately skips keras.optimizers.LossScaleOptimizer.__init__: only
     # the generic optimizer state (name, own iterations) is wanted.
     keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name)
     self.inner_optimizer = inner_optimizer
     self._loss_scale = loss_scale
-    _WRAPPER_OF_INNER[inner_optimizer] = weakref.ref(self)
+    remember_wrapper(inner_optimizer, self)
 
   # ---- delegation to the inner optimizer --------------------------------
 
@@ -276,7 +278,17 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     return None
 
 
-def _check_inner_optimizer(inner_optimizer: Any) -> None:
+def check_inner_optimizer(inner_optimizer: Any) -> None:
+  """Refuses what no Keras loss scale optimizer of this library can wrap.
+
+  Args:
+    inner_optimizer: The optimizer about to be wrapped.
+
+  Raises:
+    TypeError: If it is not a Keras 3 optimizer.
+    ValueError: If it is a loss scale optimizer, or is already wrapped by a
+      live wrapper (it would take two steps per step and keep two scales).
+  """
   if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
     raise ValueError(
         'inner_optimizer is already a loss scale optimizer '
@@ -291,12 +303,12 @@ def _check_inner_optimizer(inner_optimizer: Any) -> None:
   if wrapper is not None and wrapper() is not None:
     raise ValueError(
         f'inner_optimizer {inner_optimizer.name!r} is already wrapped by '
-        f'{wrapper().name!r}: create a new optimizer for each wrapper.')
-  if inner_optimizer.loss_scale_factor is not None:
-    raise ValueError(
-        'inner_optimizer has loss_scale_factor='
-        f'{inner_optimizer.loss_scale_factor!r}; the loss would be scaled '
-        'twice. Create it with loss_scale_factor=None.')
+        f'{wrapper().name!r}: create a new inner optimizer for each wrapper.')
+
+
+def remember_wrapper(inner_optimizer: Any, wrapper: Any) -> None:
+  """Records that `wrapper` wraps `inner_optimizer` (while both live)."""
+  _WRAPPER_OF_INNER[inner_optimizer] = weakref.ref(wrapper)
 
 
 def _unzip(grads_and_vars: Iterable[Tuple[Any, Any]]) -> Tuple[list, list]:
