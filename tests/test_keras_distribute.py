@@ -166,8 +166,9 @@ def _fit_with_overflow_on_replica_1(strategy, make_optimizer):
   return model, history
 
 
-@pytest.mark.parametrize('make_optimizer', [_ours, _experimental],
-                         ids=['keras3_form', 'experimental_form'])
+# The experimental form refuses Keras 3's fit (its scale_loss raises; see
+# test_keras_experimental.py): fit is the Keras 3 form's.
+@pytest.mark.parametrize('make_optimizer', [_ours], ids=['keras3_form'])
 def test_fit_skips_a_batch_that_overflows_on_one_replica(
     mirrored_strategy, make_optimizer):
   model, history = _fit_with_overflow_on_replica_1(mirrored_strategy,
@@ -181,8 +182,7 @@ def test_fit_skips_a_batch_that_overflows_on_one_replica(
   np.testing.assert_allclose(w1, [0.775, 0.85], rtol=1e-6,
                              err_msg='batch 1 weights')
   assert s1 == 4.0
-  experimental = make_optimizer is _experimental
-  assert (i0, i1) == ((1, 2) if experimental else (0, 1))
+  assert (i0, i1) == (0, 1)  # Keras 3 counts applied steps only
 
 
 def test_keras_reference_fit_applies_the_overflow(mirrored_strategy):

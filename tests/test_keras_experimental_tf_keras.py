@@ -53,6 +53,7 @@ def test_path_follows_the_inner_optimizer_and_isinstance_holds():
     assert isinstance(opt, experimental.LossScaleOptimizer)
     assert isinstance(opt, tf_keras.mixed_precision.LossScaleOptimizer)
     assert isinstance(opt.loss_scale, tf_loss_scale.DynamicLossScale)
+    assert opt.name == 'LossScaleOptimizer'
   assert not isinstance(tf_keras.optimizers.SGD(),
                         experimental.LossScaleOptimizer)
 

@@ -104,6 +104,11 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     """The optimizer that applies the gradients."""
     return self._inner
 
+  @property
+  def name(self) -> str:
+    """The wrapper's name, as TF 2.3's was."""
+    return 'LossScaleOptimizer'
+
   iterations = tf23_surface.InnerAttribute(
       "The inner optimizer's step counter; skipped steps count too.")
   learning_rate = tf23_surface.InnerAttribute(
