@@ -130,12 +130,12 @@ def test_fixed_loss_scale_reports_no_good_or_skipped_steps():
       'loss_scale': 128.0, 'good_steps': 0, 'skipped_steps': 0}
 
 
-def test_write_summaries_in_a_custom_loop(tmp_path):
+def _write_summaries_in_a_loop(loss_scale, grads, log_dir):
+  """Trains with the v1 wrapper in a tf.function, writing summaries."""
   optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
-      tf.compat.v1.train.GradientDescentOptimizer(0.1),
-      tf_loss_scale.DynamicLossScale(8.0, increment_period=2))
+      tf.compat.v1.train.GradientDescentOptimizer(0.1), loss_scale)
   var = tf.Variable(1.0)
-  writer = tf.summary.create_file_writer(str(tmp_path))
+  writer = tf.summary.create_file_writer(log_dir)
 
   @tf.function
   def step(grad, index):
@@ -143,9 +143,15 @@ def test_write_summaries_in_a_custom_loop(tmp_path):
     monitoring.write_summaries(optimizer, step=index)
 
   with writer.as_default():
-    for index, grad in enumerate(GRADS):
+    for index, grad in enumerate(grads):
       step(tf.constant(grad), tf.constant(index, tf.int64))
   writer.flush()
+
+
+def test_write_summaries_in_a_custom_loop(tmp_path):
+  _write_summaries_in_a_loop(
+      tf_loss_scale.DynamicLossScale(8.0, increment_period=2), GRADS,
+      str(tmp_path))
   _check_events(str(tmp_path), list(range(len(GRADS))), 'write_summaries')
 
 
@@ -376,20 +382,8 @@ def _option_loss_scale():
 
 
 def test_write_summaries_and_hook_report_hysteresis_and_collapse(tmp_path):
-  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
-      tf.compat.v1.train.GradientDescentOptimizer(0.1), _option_loss_scale())
-  var = tf.Variable(1.0)
-  writer = tf.summary.create_file_writer(str(tmp_path / 'loop'))
-
-  @tf.function
-  def step(grad, index):
-    optimizer.apply_gradients([(grad, var)])
-    monitoring.write_summaries(optimizer, step=index)
-
-  with writer.as_default():
-    for index, grad in enumerate(OPTION_GRADS):
-      step(tf.constant(grad), tf.constant(index, tf.int64))
-  writer.flush()
+  _write_summaries_in_a_loop(_option_loss_scale(), OPTION_GRADS,
+                             str(tmp_path / 'loop'))
   events = _events(str(tmp_path / 'loop'))
   for position, key in enumerate(OPTION_KEYS):
     assert [events[monitoring.TAGS[key]][i] for i in range(5)] == [
