@@ -317,6 +317,80 @@ def test_experimental_keras_wrapper_follows_the_pinned_trajectory(mode):
   assert float(np.asarray(var)) == 0.5, 'only the finite step is applied'
 
 
+@pytest.mark.parametrize('mode', ['graph', 'function'])
+def test_v1_optimizer_under_mirrored_strategy_agrees_on_every_counter(
+    mode, mirrored_strategy):
+  # Replica 1 alone overflows on the non-finite steps; both skip, and both
+  # hold the same scale and counters after every step.
+  arguments, verdicts, expected = PINNED['collapse-counts']
+  strategy = mirrored_strategy
+  records = []
+  with warnings.catch_warnings(), _graph_if(mode):
+    warnings.simplefilter('ignore', RuntimeWarning)
+    with strategy.scope():
+      var = tf.Variable(1.0)
+      optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+          tf.compat.v1.train.GradientDescentOptimizer(0.5),
+          tf_loss_scale.DynamicLossScale(**arguments))
+    loss_scale = optimizer.loss_scale
+
+    def replica_step(bad):
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      grad = tf.where(tf.equal(replica, 1), bad, 1.0)
+      return optimizer.minimize(lambda: var * grad, var_list=[var])
+
+    def read():
+      """Per value, its list over the replicas."""
+      return [strategy.experimental_local_results(value)
+              for value in strategy.run(lambda: (
+                  loss_scale(), tf.identity(loss_scale.non_finite_streak),
+                  tf.identity(loss_scale.skips_at_floor),
+                  loss_scale.skipped_steps, var.read_value()))]
+
+    if mode == 'graph':
+      bad = tf.compat.v1.placeholder(tf.float32, [])
+      train_op = strategy.group(strategy.run(replica_step, args=(bad,)))
+      state = read()
+      session = tf.compat.v1.Session()
+      session.run([tf.compat.v1.global_variables_initializer(),
+                   tf.compat.v1.local_variables_initializer()])
+      step = lambda value: session.run(train_op, {bad: value})
+      fetch = lambda: session.run(state)
+    else:
+
+      @tf.function
+      def step(value):
+        strategy.run(replica_step, args=(value,))
+
+      fetch = read
+    for finite in verdicts:
+      step(np.float32(1.0 if finite else np.inf))
+      records.append([[np.asarray(r).item() for r in per_replica]
+                      for per_replica in fetch()])
+  names = ('loss_scale', 'non_finite_streak', 'skips_at_floor',
+           'skipped_steps', 'var')
+  for step, record in enumerate(records):
+    for name, per_replica in zip(names, record):
+      assert per_replica[0] == per_replica[1], (
+          f'step {step}: {name} differs between replicas: {per_replica}')
+  for position, name in enumerate(names[:4]):
+    assert [r[position][0] for r in records] == expected[name], name
+  # One applied step: both replicas' gradients of 1, summed, times 0.5.
+  assert [r[4][0] for r in records] == [1.0] * 4 + [0.0] * 4
+
+
+def test_raise_fails_the_experimental_keras_wrappers_function_step():
+  var = keras.Variable(1.0)
+  optimizer = experimental.LossScaleOptimizer(keras.optimizers.SGD(0.5),
+                                              _collapse_scale('raise'))
+  apply = tf.function(lambda g: optimizer.apply_gradients([(g, var)]))
+  verdicts = PINNED['collapse-counts'][1]
+  for finite in verdicts[:COLLAPSE_STEPS[0]]:
+    apply(tf.constant(1.0 if finite else np.inf))
+  with pytest.raises(tf.errors.InvalidArgumentError, match='collapsed'):
+    apply(tf.constant(np.inf))
+
+
 # --- Checkpoints ----------------------------------------------------------------
 
 RESUMED = dict(initial_loss_scale=8, increment_period=2, min_loss_scale=0.5,
