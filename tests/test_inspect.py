@@ -146,3 +146,56 @@ def test_corrupt_checkpoints(capsys, tmp_path):
   bad_keras = tmp_path / 'bad.keras'
   bad_keras.write_bytes(b'not a zip archive')
   _assert_one_line_error(capsys, bad_keras, 'bad.keras')
+
+
+def test_v1_saver_checkpoint_with_two_loss_scales(capsys, tmp_path):
+  # A GAN-like graph: two optimizers, two dynamic loss scales, the second
+  # with the options that save counters. TF1 numbers the second's names.
+  with tf.Graph().as_default():
+    generator, discriminator = tf.Variable(1.0), tf.Variable(1.0)
+    grad = tf.compat.v1.placeholder(tf.float32, [])
+    first = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1),
+        tf_loss_scale.DynamicLossScale(64.0))
+    second = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1),
+        tf_loss_scale.DynamicLossScale(8.0, hysteresis=3, on_collapse='warn'))
+    train_first = first.minimize(generator * grad, var_list=[generator])
+    train_second = second.minimize(discriminator * grad,
+                                   var_list=[discriminator])
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      # The first: one good step at 64. The second: two overflows in a row
+      # (below its hysteresis of 3, so still 8).
+      session.run(train_first, {grad: 1.0})
+      for _ in range(2):
+        session.run(train_second, {grad: INF})
+      path = tf.compat.v1.train.Saver().save(session, str(tmp_path / 'gan'))
+  inspection = inspect_checkpoint.inspect(path)
+  assert [(s.scale, s.good_steps, s.variables, s.counters)
+          for s in inspection.states] == [
+              (64.0, 1, ('current_loss_scale', 'good_steps'), ()),
+              (8.0, 0, ('current_loss_scale_1', 'good_steps_1',
+                        'current_loss_scale_1/non_finite_streak',
+                        'current_loss_scale_1/skips_at_floor'),
+               (('non_finite_streak', 2), ('skips_at_floor', 0))),
+          ]
+  code, out, _ = _inspect(capsys, path)
+  assert code == 0
+  lines = out.splitlines()
+  assert lines.count('  (top level):') == 2
+  assert '    variables:          current_loss_scale, good_steps' in lines
+  assert '    non finite streak:  2' in lines
+  assert '    skips at floor:     0' in lines
+
+
+def test_object_based_checkpoint_reports_option_counters(tmp_path):
+  loss_scale = tf_loss_scale.DynamicLossScale(16.0, hysteresis=2)
+  for value in (INF, 1.0, INF):
+    loss_scale.update([tf.constant(value)])
+  path = tf.train.Checkpoint(scale=loss_scale).save(str(tmp_path / 'ckpt'))
+  state, = inspect_checkpoint.inspect(path).states
+  assert (state.owner, state.scale, state.good_steps, state.counters) == (
+      'scale', 16.0, 0, (('non_finite_streak', 1),))
+  assert state.variables == ('scale/current_loss_scale', 'scale/good_steps',
+                             'scale/non_finite_streak')

@@ -267,34 +267,36 @@ def test_dynamic_update_counts_finite_structures_as_good(grads):
   assert float(loss_scale()) == 16.0
 
 
-def test_dynamic_update_in_a_graph_returns_an_op_and_a_bool_tensor():
+def test_dynamic_update_in_a_graph_returns_a_bool_tensor_that_updates():
   with tf.Graph().as_default(), tf.compat.v1.Session() as session:
     loss_scale = tf_loss_scale.DynamicLossScale(8)
     update_op, should_apply = loss_scale.update([tf.constant(np.inf)])
-    assert isinstance(update_op, tf.Operation)
-    assert isinstance(should_apply, tf.Tensor)
-    assert should_apply.dtype == tf.bool
+    for tensor in (update_op, should_apply):
+      assert isinstance(tensor, tf.Tensor)
+      assert tensor.dtype == tf.bool and tensor.shape == ()
     session.run(tf.compat.v1.global_variables_initializer())
     assert float(session.run(loss_scale())) == 8.0, 'updated before running'
-    session.run(update_op)
+    assert session.run(tf.identity(update_op)) is np.False_
     assert float(session.run(loss_scale())) == 4.0
 
 
-def test_dynamic_update_in_a_function_returns_an_op_and_a_bool_tensor():
-  loss_scale = tf_loss_scale.DynamicLossScale(8)
+def test_dynamic_update_in_a_function_returns_a_bool_tensor():
+  loss_scale = tf_loss_scale.DynamicLossScale(8, increment_period=1)
   results = []
 
   @tf.function
   def step(grad):
     update_op, should_apply = loss_scale.update([grad])
     results.append((update_op, should_apply))
-    return should_apply
+    return update_op, should_apply
 
-  assert not bool(step(tf.constant(np.inf)))
-  (update_op, should_apply), = results
-  assert isinstance(update_op, tf.Operation)
-  assert should_apply.dtype == tf.bool
+  # The update op's value: the step was finite and completed its period.
+  assert [bool(t) for t in step(tf.constant(np.inf))] == [False, False]
   assert float(loss_scale()) == 4.0
+  assert [bool(t) for t in step(tf.constant(1.0))] == [True, True]
+  assert float(loss_scale()) == 8.0
+  (update_op, should_apply), = results
+  assert update_op.dtype == should_apply.dtype == tf.bool
 
 
 def test_assign_next_state_applies_a_given_verdict():

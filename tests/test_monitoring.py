@@ -2,6 +2,7 @@
 
 import glob
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -99,21 +100,27 @@ def test_skipped_steps_in_tf1_graph_with_and_without_local_init():
     grad = tf.compat.v1.placeholder(tf.float32, [])
     update_op, _ = loss_scale.update([grad])
     state = monitoring.state_tensors(loss_scale)
+    last_step_skipped = loss_scale.last_step_skipped
     assert loss_scale.variables == tuple(tf.compat.v1.global_variables())
-    # A default Saver, built from the global variables, does not see it.
-    assert len(tf.compat.v1.local_variables()) == 1
+    # A default Saver, built from the global variables, does not see the
+    # skip count or the last step's verdict.
+    assert sorted(v.name for v in tf.compat.v1.local_variables()) == [
+        'last_step_skipped:0', 'skipped_steps:0']
     for init in (tf.compat.v1.global_variables_initializer(),
                  tf.group(tf.compat.v1.global_variables_initializer(),
                           tf.compat.v1.local_variables_initializer())):
       with tf.compat.v1.Session() as session:
         session.run(init)
-        assert session.run(state['skipped_steps']) == 0
+        assert session.run([state['skipped_steps'], last_step_skipped]) == [
+            0, False]
         observed = []
-        for value in GRADS:
+        for step, value in enumerate(GRADS):
           session.run(update_op, {grad: value})
           got = session.run(state)
           observed.append((got['loss_scale'], got['good_steps'],
                            got['skipped_steps']))
+          assert session.run(last_step_skipped) == (not np.isfinite(value)), (
+              f'step {step} with {init.name}: last_step_skipped')
         _check_trajectory(observed, f'graph with {init.name}')
 
 
@@ -123,12 +130,12 @@ def test_fixed_loss_scale_reports_no_good_or_skipped_steps():
       'loss_scale': 128.0, 'good_steps': 0, 'skipped_steps': 0}
 
 
-def test_write_summaries_in_a_custom_loop(tmp_path):
+def _write_summaries_in_a_loop(loss_scale, grads, log_dir):
+  """Trains with the v1 wrapper in a tf.function, writing summaries."""
   optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
-      tf.compat.v1.train.GradientDescentOptimizer(0.1),
-      tf_loss_scale.DynamicLossScale(8.0, increment_period=2))
+      tf.compat.v1.train.GradientDescentOptimizer(0.1), loss_scale)
   var = tf.Variable(1.0)
-  writer = tf.summary.create_file_writer(str(tmp_path))
+  writer = tf.summary.create_file_writer(log_dir)
 
   @tf.function
   def step(grad, index):
@@ -136,9 +143,15 @@ def test_write_summaries_in_a_custom_loop(tmp_path):
     monitoring.write_summaries(optimizer, step=index)
 
   with writer.as_default():
-    for index, grad in enumerate(GRADS):
+    for index, grad in enumerate(grads):
       step(tf.constant(grad), tf.constant(index, tf.int64))
   writer.flush()
+
+
+def test_write_summaries_in_a_custom_loop(tmp_path):
+  _write_summaries_in_a_loop(
+      tf_loss_scale.DynamicLossScale(8.0, increment_period=2), GRADS,
+      str(tmp_path))
   _check_events(str(tmp_path), list(range(len(GRADS))), 'write_summaries')
 
 
@@ -263,3 +276,153 @@ def test_session_run_hook_rejects_bad_arguments():
     monitoring.LossScaleHook(tf_loss_scale.FixedLossScale(2), every_n_steps=0)
   with pytest.raises(TypeError, match='LossScale'):
     monitoring.LossScaleHook(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+  with pytest.raises(TypeError, match='loss_scale property'):
+    monitoring.LossScaleCallback(loss_scale=keras.optimizers.SGD())
+
+
+# --- Keras batch indices, Keras's own class, and the options' counters ----------
+
+
+class _BatchRecorder(keras.callbacks.Callback):
+  """Records the batch indices Keras reports and the callback's logs."""
+
+  def __init__(self):
+    super().__init__()
+    self.batches = []
+    self.logs = []
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.batches.append(batch)
+    self.logs.append(dict(logs))
+
+
+def _fit_sixteen_batches(tmp_path, optimizer, update_freq, epochs=1,
+                         steps_per_execution=4):
+  model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+  model.compile(optimizer=optimizer, loss='mse',
+                steps_per_execution=steps_per_execution)
+  recorder = _BatchRecorder()
+  count = 16 // epochs
+  model.fit(np.ones((count, 1), np.float32), np.ones((count, 1), np.float32),
+            batch_size=1, epochs=epochs, shuffle=False, verbose=0,
+            callbacks=[monitoring.LossScaleCallback(str(tmp_path),
+                                                    update_freq=update_freq),
+                       recorder])
+  return recorder, _events(str(tmp_path)).get(monitoring.TAGS['loss_scale'],
+                                              {})
+
+
+@pytest.mark.parametrize('update_freq,epochs,written', [
+    (1, 1, [3, 7, 11, 15]),
+    (8, 1, [3, 11]),   # whenever 8 more batches have run
+    (1, 2, [3, 7, 11, 15]),  # the second epoch continues the count
+])
+def test_keras_callback_writes_at_the_batch_index_keras_reports(
+    tmp_path, update_freq, epochs, written):
+  recorder, events = _fit_sixteen_batches(
+      tmp_path, LossScaleOptimizer(keras.optimizers.SGD(0.01)), update_freq,
+      epochs)
+  assert recorder.batches == [3, 7] * 2 if epochs == 2 else [3, 7, 11, 15]
+  assert sorted(events) == written
+
+
+def test_keras_callback_reads_keras_own_loss_scale_optimizer(tmp_path):
+  optimizer = keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.SGD(0.01), initial_scale=8.0, dynamic_growth_steps=2)
+  model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+  model.compile(optimizer=optimizer, loss='mse')
+  recorder = _BatchRecorder()
+  x, y = _overflowing_data()
+  model.fit(x, y, batch_size=1, epochs=1, shuffle=False, verbose=0,
+            callbacks=[monitoring.LossScaleCallback(str(tmp_path),
+                                                    update_freq=1),
+                       recorder])
+  # Keras's class follows the same rule on this sequence; it keeps no count
+  # of skipped steps, so none is reported.
+  observed = [(logs['loss_scale'], logs['good_steps']) for logs in
+              recorder.logs]
+  assert observed == [(scale, good) for scale, good, _ in EXPECTED]
+  assert all('skipped_steps' not in logs for logs in recorder.logs)
+  events = _events(str(tmp_path))
+  assert events[monitoring.TAGS['loss_scale']] == {
+      step: scale for step, (scale, _, _) in enumerate(EXPECTED)}
+  assert monitoring.TAGS['skipped_steps'] not in events
+
+
+def test_state_tensors_of_a_keras_3_form_by_its_variable_names():
+  # Any optimizer shaped like Keras's class is read by its public names.
+  class KerasShaped:
+    dynamic_scale = tf.Variable(64.0)
+    step_counter = tf.Variable(3, dtype=tf.int64)
+    skipped_steps = tf.constant(5, tf.int64)
+
+  state = {k: v.numpy() for k, v in
+           monitoring.state_tensors(KerasShaped()).items()}
+  assert state == {'loss_scale': 64.0, 'good_steps': 3, 'skipped_steps': 5}
+
+
+# Hysteresis 2 and collapse detection: (scale, good_steps, skipped_steps,
+# non_finite_streak, skips_at_floor) after each step from 2 with a floor of
+# 1, worked out by hand.
+OPTION_GRADS = [INF, INF, INF, INF, 1.0]
+OPTION_EXPECTED = [
+    (2.0, 0, 1, 1, 0),
+    (1.0, 0, 2, 2, 0),
+    (1.0, 0, 3, 3, 1),
+    (1.0, 0, 4, 4, 2),
+    (1.0, 1, 4, 0, 0),
+]
+OPTION_KEYS = ('loss_scale', 'good_steps', 'skipped_steps',
+               'non_finite_streak', 'skips_at_floor')
+
+
+def _option_loss_scale():
+  return tf_loss_scale.DynamicLossScale(2.0, hysteresis=2, on_collapse='warn',
+                                        collapse_patience=3)
+
+
+def test_write_summaries_and_hook_report_hysteresis_and_collapse(tmp_path):
+  _write_summaries_in_a_loop(_option_loss_scale(), OPTION_GRADS,
+                             str(tmp_path / 'loop'))
+  events = _events(str(tmp_path / 'loop'))
+  for position, key in enumerate(OPTION_KEYS):
+    assert [events[monitoring.TAGS[key]][i] for i in range(5)] == [
+        e[position] for e in OPTION_EXPECTED], key
+
+  with tf.Graph().as_default():
+    loss_scale = _option_loss_scale()
+    grad = tf.compat.v1.placeholder(tf.float32, [])
+    update_op, _ = loss_scale.update([grad])
+    tf.compat.v1.train.get_or_create_global_step()
+    hook = monitoring.LossScaleHook(loss_scale, every_n_steps=1)
+    observed = []
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as session:
+      for value in OPTION_GRADS:
+        session.run(update_op, {grad: value})
+        observed.append(tuple(hook.latest[key] for key in OPTION_KEYS))
+  assert observed == OPTION_EXPECTED
+
+
+def test_keras_callback_logs_hysteresis_and_collapse(tmp_path):
+  from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
+  model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+  optimizer = experimental.LossScaleOptimizer(keras.optimizers.SGD(0.01),
+                                              _option_loss_scale())
+  model.compile(optimizer=optimizer, loss='mse')
+  recorder = _BatchRecorder()
+  x = np.array([[1e30 if not np.isfinite(g) else 1.0] for g in OPTION_GRADS],
+               np.float32)
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', RuntimeWarning)
+    model.fit(x, np.ones((5, 1), np.float32), batch_size=1, shuffle=False,
+              verbose=0, callbacks=[monitoring.LossScaleCallback(), recorder])
+  observed = [tuple(logs[key] for key in OPTION_KEYS) for logs in recorder.logs]
+  assert observed == OPTION_EXPECTED
+
+
+def test_state_tensors_of_an_unbuilt_keras_optimizer_says_to_build_it():
+  optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+  with pytest.raises(ValueError, match='build'):
+    monitoring.state_tensors(optimizer)
+  optimizer.build([keras.Variable(1.0)])
+  assert float(monitoring.state_tensors(optimizer)['loss_scale']) == 32768.0

@@ -557,3 +557,61 @@ def test_training_inside_a_while_loop_matches_tensorflow(control_flow):
   # The sequence skipped some steps and applied others.
   steps_taken = len(v1_training.random_steps(_WHILE_LOOP_STEPS_SEED))
   assert 0 < ours['global_step'] < steps_taken, ours['global_step']
+
+
+# --- A user's own LossScale ------------------------------------------------------
+
+
+class ConstantUserScale(tf_loss_scale.LossScale):
+  """A user's scale that honours the documented contract and never skips.
+
+  `update` returns `(None, True)`, or `(a no-op, True)` with `with_op`.
+  """
+
+  def __init__(self, with_op):
+    super().__init__()
+    self._with_op = with_op
+
+  def __call__(self):
+    return tf.constant(4.0)
+
+  def update(self, grads):
+    del grads
+    return (tf.no_op() if self._with_op else None), True
+
+  def get_config(self):
+    return {'with_op': self._with_op}
+
+
+@pytest.mark.parametrize('with_op', [False, True], ids=['none', 'no_op'])
+@pytest.mark.parametrize('mode', MODES)
+def test_a_user_loss_scale_that_never_skips_applies_every_step(mode, with_op):
+  # Issue 10: the verdict decides, not the class; the Python True must not
+  # lose the apply op. Gradients are unscaled: w moves by lr * x each step.
+  with (tf.Graph().as_default() if mode == 'graph' else
+        contextlib.nullcontext()):
+    model = Model()
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        OPTIMIZERS['sgd'](), ConstantUserScale(with_op))
+    x = tf.constant([1.0, 2.0, 4.0])
+
+    def step():
+      optimizer.minimize(lambda: model.loss(x, tf.ones([2, 2])),
+                         var_list=model.weights, global_step=model.global_step)
+
+    if mode == 'graph':
+      train_op = optimizer.minimize(model.loss(x, tf.ones([2, 2])),
+                                    var_list=model.weights,
+                                    global_step=model.global_step)
+      assert isinstance(train_op, tf.Operation)
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(train_op)
+        session.run(train_op)
+        w, global_step = session.run([model.w, model.global_step])
+    else:
+      (tf.function(step) if mode == 'function' else step)()
+      (tf.function(step) if mode == 'function' else step)()
+      w, global_step = model.w.numpy(), model.global_step.numpy()
+  np.testing.assert_allclose(w, [0.5 - 0.2, -1.0 - 0.4, 2.0 - 0.8], rtol=1e-6)
+  assert global_step == 2

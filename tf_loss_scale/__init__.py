@@ -3,6 +3,8 @@
 Public API:
   LossScale, FixedLossScale, DynamicLossScale: the loss scale and its state.
   get, serialize, deserialize: identifiers and configs to loss scales.
+  LossScaleCollapseError: raised when a DynamicLossScale told to raise
+    collapses.
   MixedPrecisionLossScaleOptimizer: the `tf.compat.v1` optimizer wrapper.
 Modules, imported on first use so that `import tf_loss_scale` loads no Keras:
   keras: the Keras `LossScaleOptimizer`s (`keras.experimental` for TF 2.0-2.3
@@ -16,6 +18,7 @@ from tf_loss_scale import lazy as _lazy
 from tf_loss_scale.loss_scale import DynamicLossScale
 from tf_loss_scale.loss_scale import FixedLossScale
 from tf_loss_scale.loss_scale import LossScale
+from tf_loss_scale.loss_scale import LossScaleCollapseError
 from tf_loss_scale.loss_scale import deserialize
 from tf_loss_scale.loss_scale import get
 from tf_loss_scale.loss_scale import serialize
@@ -30,6 +33,7 @@ __all__ = [
     'DynamicLossScale',
     'FixedLossScale',
     'LossScale',
+    'LossScaleCollapseError',
     'MixedPrecisionLossScaleOptimizer',
     'deserialize',
     'get',

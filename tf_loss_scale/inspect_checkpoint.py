@@ -10,15 +10,20 @@ Two layouts of loss scale state are recognised in each: the
 `current_loss_scale`/`good_steps` pair of TensorFlow's and this library's
 `LossScale` classes, and the `dynamic_scale`/`step_counter` pair of Keras 3's
 `LossScaleOptimizer`. Both count, in `good_steps`/`step_counter`, the finite
-steps since the scale last changed.
+steps since the scale last changed. Every pair is reported: a TF1 graph with
+two loss scales (a GAN, two towers) saves the second as
+`current_loss_scale_1`/`good_steps_1`. The counters of this library's
+`DynamicLossScale` options (`non_finite_streak`, `skips_at_floor`) are
+reported with the pair they belong to.
 """
 
 import dataclasses
 import io
 import json
 import os
+import re
 import zipfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -29,6 +34,9 @@ LAYOUTS = {
     ('dynamic_scale', 'step_counter'):
         'dynamic_scale + step_counter (Keras 3 LossScaleOptimizer)',
 }
+
+# Counters that this library's DynamicLossScale saves when an option is on.
+OPTION_COUNTERS = ('non_finite_streak', 'skips_at_floor')
 
 _OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'
 _VALUE_SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
@@ -48,11 +56,17 @@ class LossScaleState:
     scale: The current loss scale.
     good_steps: Finite steps since the scale last changed.
     layout: Which variable names held them (a value of `LAYOUTS`).
+    variables: The checkpoint keys of the scale and the good-step count,
+      then of any option counters.
+    counters: `(name, value)` of each option counter found (see
+      `OPTION_COUNTERS`).
   """
   owner: str
   scale: float
   good_steps: int
   layout: str
+  variables: Tuple[str, ...] = ()
+  counters: Tuple[Tuple[str, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,20 +138,49 @@ def format_inspection(inspection: Inspection) -> str:
     lines.append(f'    current loss scale: {state.scale:g}')
     lines.append(f'    good steps:         {state.good_steps}')
     lines.append(f'    layout:             {state.layout}')
+    lines.append(f'    variables:          {", ".join(state.variables)}')
+    for name, value in state.counters:
+      lines.append(f'    {name.replace("_", " ") + ":":<20}{value}')
   return '\n'.join(lines)
 
 
 def _states_by_name(values: Dict[str, object]) -> List[LossScaleState]:
-  """Pairs scale and good-steps values that share a parent path."""
+  """Pairs scale and good-steps values that share a parent path and suffix.
+
+  A TF1 graph numbers the names of a second loss scale's variables
+  (`current_loss_scale_1`, `good_steps_1`); the suffix pairs them. Option
+  counters sit under the scale's key in a Saver checkpoint
+  (`current_loss_scale_1/non_finite_streak`) and next to it in an object-based
+  one (`loss_scale/non_finite_streak`).
+  """
   states = []
   for key in sorted(values):
     parent, _, leaf = key.rpartition('/')
     for (scale_name, steps_name), layout in LAYOUTS.items():
-      steps_key = f'{parent}/{steps_name}' if parent else steps_name
-      if leaf == scale_name and steps_key in values:
-        states.append(LossScaleState(parent, float(values[key]),
-                                     int(values[steps_key]), layout))
+      match = re.fullmatch(re.escape(scale_name) + r'(_\d+)?', leaf)
+      if not match:
+        continue
+      steps_key = _join(parent, steps_name + (match.group(1) or ''))
+      if steps_key not in values:
+        continue
+      names = [key, steps_key]
+      counters = []
+      for counter in OPTION_COUNTERS:
+        candidates = [f'{key}/{counter}']
+        if parent and not match.group(1):
+          candidates.append(_join(parent, counter))
+        found = [c for c in candidates if c in values]
+        if found:
+          names.append(found[0])
+          counters.append((counter, int(values[found[0]])))
+      states.append(LossScaleState(parent, float(values[key]),
+                                   int(values[steps_key]), layout,
+                                   tuple(names), tuple(counters)))
   return states
+
+
+def _join(parent: str, name: str) -> str:
+  return f'{parent}/{name}' if parent else name
 
 
 def _inspect_keras_file(path: str) -> Inspection:

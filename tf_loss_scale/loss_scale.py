@@ -6,61 +6,164 @@ with that step's gradients. `DynamicLossScale` is a small state machine:
 ```
 on each step, given whether every gradient on every replica is finite:
   if finite:
+    non_finite_streak = 0
     if good_steps + 1 >= increment_period:
-      scale = scale * multiplier, unless that overflows to inf
+      scale = min(scale * multiplier, max_loss_scale), unless that is inf
       good_steps = 0
     else:
       good_steps = good_steps + 1
   else:                      # the step is skipped
-    scale = max(scale / multiplier, 1)
+    non_finite_streak = non_finite_streak + 1
+    if non_finite_streak >= hysteresis:
+      scale = max(scale / multiplier, min_loss_scale)
     good_steps = 0
+  skips_at_floor = skips_at_floor + 1 if the step was skipped with the scale
+                   already at min_loss_scale, else 0
 ```
 
-`next_dynamic_state` is that block as a pure tensor function. The stateful
-`DynamicLossScale.update` assigns its result; stateless front ends (Keras 3's
-`stateless_apply`) return it. Nothing else changes the scale.
+With its defaults (`min_loss_scale=1`, no `max_loss_scale`, `hysteresis=1`)
+this is TensorFlow's rule. `advance_dynamic_state` is that block as a pure
+tensor function and `next_dynamic_state` its two-variable form. The stateful
+`DynamicLossScale.assign_next_state` assigns its result; stateless front ends
+(Keras 3's `stateless_apply`) return it. Nothing else changes the scale.
 """
 
 import abc
 import math
 import numbers
-from typing import Any, Dict, Optional, Tuple, Union
+import warnings
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
+from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 
 _FLOAT32_MAX = float(tf.float32.max)
+_INT64_MAX = int(tf.int64.max)
+ON_COLLAPSE_CHOICES = ('skip', 'warn', 'raise')
 
-UpdateResult = Tuple[Optional[tf.Operation], Union[bool, tf.Tensor]]
+UpdateResult = Tuple[Union[None, tf.Operation, tf.Tensor],
+                     Union[bool, tf.Tensor]]
+
+
+class LossScaleCollapseError(RuntimeError):
+  """Raised when a dynamic loss scale has collapsed and was told to raise.
+
+  The scale sat at its `min_loss_scale` while `collapse_patience` steps in a
+  row were skipped: no step is being applied, and lowering the scale further
+  is not allowed. See `DynamicLossScale(on_collapse=...)`.
+  """
+
+
+class DynamicState(NamedTuple):
+  """The state of a dynamic loss scale, as scalar tensors.
+
+  Attributes:
+    scale: The current loss scale (float32).
+    good_steps: Finite steps since the scale last changed (int64).
+    non_finite_streak: Non-finite steps in a row (int64), for `hysteresis`.
+    skips_at_floor: Steps in a row skipped with the scale already at
+      `min_loss_scale` (int64), for `on_collapse`.
+  """
+  scale: Any
+  good_steps: Any
+  non_finite_streak: Any = 0
+  skips_at_floor: Any = 0
+
+
+def advance_dynamic_state(state: DynamicState,
+                          grads_finite: Union[bool, tf.Tensor],
+                          *,
+                          increment_period: int,
+                          multiplier: float,
+                          min_loss_scale: float = 1.0,
+                          max_loss_scale: Optional[float] = None,
+                          hysteresis: int = 1) -> DynamicState:
+  """Computes a dynamic loss scale's state after one step (the rule).
+
+  A pure function: it reads tensors and returns tensors, and assigns
+  nothing. The arguments after `grads_finite` are those of
+  `DynamicLossScale`.
+
+  Args:
+    state: The state before the step.
+    grads_finite: Whether this step's gradients were all finite, a bool
+      scalar, the same on every replica.
+    increment_period: Finite steps in a row after which the scale grows.
+    multiplier: The factor the scale grows and shrinks by.
+    min_loss_scale: The floor the scale never shrinks below.
+    max_loss_scale: The cap the scale never grows above, or None for none
+      (growth that would overflow float32 is still refused).
+    hysteresis: The scale shrinks only from the `hysteresis`-th non-finite
+      step in a row on.
+
+  Returns:
+    The state after the step, with `scale` and `good_steps` in the dtypes of
+    `state.scale` and `state.good_steps`, and int64 counters.
+  """
+  scale = tf.convert_to_tensor(state.scale)
+  good_steps = tf.convert_to_tensor(state.good_steps)
+  counts = tf.cast(good_steps, tf.int64)
+  streak = tf.cast(state.non_finite_streak, tf.int64)
+  skips_at_floor = tf.cast(state.skips_at_floor, tf.int64)
+  finite = _scalar_verdict(grads_finite)
+  zero = tf.constant(0, tf.int64)
+  floor = tf.constant(min_loss_scale, scale.dtype)
+
+  period_reached = counts + 1 >= increment_period
+  grown = scale * multiplier
+  if max_loss_scale is not None:
+    grown = tf.minimum(grown, tf.constant(max_loss_scale, scale.dtype))
+  finite_scale = tf.where(
+      tf.logical_and(period_reached, tf.math.is_finite(grown)), grown, scale)
+  finite_counts = tf.where(period_reached, zero, counts + 1)
+
+  new_streak = tf.where(finite, zero, streak + 1)
+  backs_off = new_streak >= hysteresis
+  shrunk = tf.where(backs_off, tf.maximum(scale / multiplier, floor), scale)
+  skipped_at_floor = tf.logical_and(tf.logical_not(finite), scale <= floor)
+
+  return DynamicState(
+      scale=tf.where(finite, finite_scale, shrunk),
+      good_steps=tf.cast(tf.where(finite, finite_counts, zero),
+                         good_steps.dtype),
+      non_finite_streak=new_streak,
+      skips_at_floor=tf.where(skipped_at_floor, skips_at_floor + 1, zero))
 
 
 def next_dynamic_state(scale: tf.Tensor, good_steps: tf.Tensor,
                        grads_finite: tf.Tensor, increment_period: int,
-                       multiplier: float) -> Tuple[tf.Tensor, tf.Tensor]:
-  """Computes the dynamic loss scale's state after one step.
+                       multiplier: float, *, min_loss_scale: float = 1.0,
+                       max_loss_scale: Optional[float] = None
+                      ) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Computes the scale and good-step count after one step.
+
+  `advance_dynamic_state` for front ends that store only these two values
+  (no hysteresis, no collapse detection). With the defaults this is
+  TensorFlow's rule: the floor is 1 and growth never reaches inf.
 
   Args:
     scale: The current loss scale, a float32 scalar.
-    good_steps: Finite steps since the last change of scale, an int64 scalar.
-    grads_finite: Whether this step's gradients were all finite, a bool scalar.
+    good_steps: Finite steps since the last change of scale, an integer
+      scalar.
+    grads_finite: Whether this step's gradients were all finite, a bool
+      scalar.
     increment_period: Finite steps in a row after which the scale grows.
     multiplier: The factor the scale grows and shrinks by.
+    min_loss_scale: The floor the scale never shrinks below.
+    max_loss_scale: The cap the scale never grows above, or None.
 
   Returns:
     `(new_scale, new_good_steps)`, tensors of the same dtypes as the inputs.
   """
-  good_steps = tf.cast(good_steps, tf.int64)
-  period_reached = good_steps + 1 >= increment_period
-  grown = scale * multiplier
-  finite_scale = tf.where(
-      tf.logical_and(period_reached, tf.math.is_finite(grown)), grown, scale)
-  finite_steps = tf.where(period_reached, tf.constant(0, tf.int64),
-                          good_steps + 1)
-  shrunk = tf.maximum(scale / multiplier, 1.0)
-  return (tf.where(grads_finite, finite_scale, shrunk),
-          tf.where(grads_finite, finite_steps, tf.constant(0, tf.int64)))
+  new_state = advance_dynamic_state(
+      DynamicState(scale, good_steps), grads_finite,
+      increment_period=increment_period, multiplier=multiplier,
+      min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale)
+  return new_state.scale, new_state.good_steps
 
 
 class LossScale(tf.Module, metaclass=abc.ABCMeta):
@@ -91,10 +194,11 @@ class LossScale(tf.Module, metaclass=abc.ABCMeta):
         `tf.IndexedSlices` are read through their values.
 
     Returns:
-      `(update_op, should_apply_gradients)`. In graph mode (a
-      `tf.compat.v1.Session` graph or a `tf.function`), `update_op` is an op
-      that performs the update when run; eagerly the update has already
-      happened and `update_op` is None. `should_apply_gradients` is a bool
+      `(update_op, should_apply_gradients)`. Eagerly the update has already
+      happened and `update_op` is None. In graph mode (a `tf.compat.v1`
+      graph or a `tf.function`) `update_op` performs the update when run: an
+      op, or a tensor (which `tf.identity` and `session.run` accept), or None
+      for scales with nothing to update. `should_apply_gradients` is a bool
       scalar tensor, or the Python `True` for scales that never skip a step;
       when it is False the caller must not apply this step's gradients.
     """
@@ -177,13 +281,18 @@ class DynamicLossScale(LossScale):
   """A loss scale that shrinks on overflow and grows while gradients are finite.
 
   The scale starts at `initial_loss_scale`. A step with any non-finite
-  gradient is skipped and divides the scale by `multiplier` (never below 1).
-  After `increment_period` finite steps in a row the scale is multiplied by
-  `multiplier`, unless that would overflow float32.
+  gradient is skipped and divides the scale by `multiplier` (never below
+  `min_loss_scale`). After `increment_period` finite steps in a row the scale
+  is multiplied by `multiplier` (never above `max_loss_scale`, and never to
+  inf). The module docstring holds the rule.
 
-  The state lives in two non-trainable variables, `current_loss_scale`
-  (float32) and `good_steps` (int64), named as in TensorFlow's own class so
-  that checkpoints interchange with it.
+  The state lives in non-trainable variables. Two are always there,
+  `current_loss_scale` (float32) and `good_steps` (int64), named as in
+  TensorFlow's own class so that checkpoints interchange with it. The
+  options below add one variable each when they are on, saved with the
+  others: `non_finite_streak` for `hysteresis`, `skips_at_floor` for
+  `on_collapse`. With every option at its default, the behaviour, the config
+  and the checkpoint layout are exactly TensorFlow's.
 
   Example:
 
@@ -192,13 +301,25 @@ class DynamicLossScale(LossScale):
   ...   _ = scale.update([tf.constant(1.0)])
   >>> float(scale())
   2.0
+
+  A scale that may fall below 1, tolerates one overflow in a row, and stops
+  the run after 100 steps skipped at its floor:
+
+  >>> scale = DynamicLossScale(min_loss_scale=2**-14, hysteresis=2,
+  ...                          on_collapse='raise', collapse_patience=100)
   """
 
   def __init__(self,
                initial_loss_scale: float = 2**15,
                increment_period: int = 2000,
-               multiplier: float = 2.0):
-    """Creates a dynamic loss scale and its two variables.
+               multiplier: float = 2.0,
+               *,
+               min_loss_scale: float = 1.0,
+               max_loss_scale: Optional[float] = None,
+               hysteresis: int = 1,
+               on_collapse: str = 'skip',
+               collapse_patience: int = 1):
+    """Creates a dynamic loss scale and its variables.
 
     Create it inside `strategy.scope()` when training under a
     `tf.distribute` strategy, so that its variables are mirrored.
@@ -211,11 +332,35 @@ class DynamicLossScale(LossScale):
         integer of at least 1.
       multiplier: The factor by which the scale grows and shrinks, a finite
         number above 1.
+      min_loss_scale: The floor: a non-finite step never takes the scale
+        below it. Any finite positive number; values below 1 (such as
+        2**-14) let a run whose gradients overflow even unscaled keep
+        shrinking the loss. TensorFlow's floor is 1.
+      max_loss_scale: The cap: the scale never grows above it. None (the
+        default) caps only at the float32 range; otherwise a finite number no
+        smaller than `initial_loss_scale` and `min_loss_scale`.
+      hysteresis: How many non-finite steps in a row it takes before the
+        scale shrinks; from then on every further non-finite step shrinks it,
+        until a finite step resets the count. Every non-finite step is
+        skipped whatever this is. A positive integer; 1 (shrink on every
+        non-finite step) is TensorFlow's behaviour.
+      on_collapse: What to do when the scale has collapsed, that is when
+        `collapse_patience` steps in a row have been skipped with the scale
+        already at `min_loss_scale`: `'skip'` (TensorFlow's behaviour: keep
+        skipping in silence), `'warn'` (warn once per collapse: a Python
+        warning eagerly, a logged warning in graphs) or `'raise'` (eagerly,
+        raise `LossScaleCollapseError`; in a graph or `tf.function`, fail the
+        step's op with an error saying so).
+      collapse_patience: How many steps in a row skipped at the floor make a
+        collapse, a positive integer. Only with `on_collapse` other than
+        `'skip'`.
 
     Raises:
       TypeError: If an argument is not a number (or not an integer, for
-        `increment_period`).
-      ValueError: If an argument is out of its range.
+        `increment_period`, `hysteresis` and `collapse_patience`; or not a
+        string, for `on_collapse`).
+      ValueError: If an argument is out of its range, or `collapse_patience`
+        is given with `on_collapse='skip'`.
     """
     super().__init__(name='dynamic_loss_scale')
     initial = _real_number('initial_loss_scale', initial_loss_scale)
@@ -223,25 +368,68 @@ class DynamicLossScale(LossScale):
       raise ValueError(
           'initial_loss_scale must be a finite positive number that fits in '
           f'float32, but got {initial_loss_scale!r}.')
-    period = _whole_number('increment_period', increment_period)
     # The good-step count it is compared with is an int64 variable.
-    if not 1 <= period <= tf.int64.max:
-      raise ValueError(
-          'increment_period must be an integer from 1 to 2**63 - 1, but got '
-          f'{increment_period!r}.')
+    period = _count('increment_period', increment_period)
     factor = _real_number('multiplier', multiplier)
     if not math.isfinite(factor) or factor <= 1:
       raise ValueError(
           f'multiplier must be a finite number above 1, but got {multiplier!r}.')
+    floor = _real_number('min_loss_scale', min_loss_scale)
+    if (not math.isfinite(floor) or not 0 < floor <= _FLOAT32_MAX or
+        np.float32(floor) == 0):
+      raise ValueError(
+          'min_loss_scale must be a finite positive number that fits in '
+          f'float32, but got {min_loss_scale!r}.')
+    cap = None
+    if max_loss_scale is not None:
+      cap = _real_number('max_loss_scale', max_loss_scale)
+      if not math.isfinite(cap) or cap > _FLOAT32_MAX:
+        raise ValueError(
+            'max_loss_scale must be a finite number that fits in float32 (or '
+            f'None for no cap), but got {max_loss_scale!r}.')
+      if cap < initial or cap < floor:
+        raise ValueError(
+            f'max_loss_scale must be at least initial_loss_scale ({initial}) '
+            f'and min_loss_scale ({floor}), but got {max_loss_scale!r}.')
+    streak_length = _count('hysteresis', hysteresis)
+    if not isinstance(on_collapse, str):
+      raise TypeError(
+          f'on_collapse must be one of {ON_COLLAPSE_CHOICES}, but got '
+          f'{on_collapse!r} of type {type(on_collapse).__name__}.')
+    if on_collapse not in ON_COLLAPSE_CHOICES:
+      raise ValueError(
+          f'on_collapse must be one of {ON_COLLAPSE_CHOICES}, but got '
+          f'{on_collapse!r}.')
+    patience = _count('collapse_patience', collapse_patience)
+    if on_collapse == 'skip' and patience != 1:
+      raise ValueError(
+          f'collapse_patience={collapse_patience!r} has no effect with '
+          "on_collapse='skip': pass on_collapse='warn' or 'raise' too.")
     self._initial_loss_scale = initial
     self._increment_period = period
     self._multiplier = factor
+    self._min_loss_scale = floor
+    self._max_loss_scale = cap
+    self._hysteresis = streak_length
+    self._on_collapse = on_collapse
+    self._collapse_patience = patience
     self.current_loss_scale = _state_variable('current_loss_scale', initial,
                                               tf.float32)
     self.good_steps = _state_variable('good_steps', 0, tf.int64)
+    # The options' state is created only when an option needs it, so that the
+    # defaults keep TensorFlow's two variables. Its variables sit under the
+    # scale variable's name, as slots do, so that a Saver checkpoint with
+    # several loss scales says which scale each belongs to.
+    with tf.name_scope(self.current_loss_scale.name.split(':')[0] + '/'):
+      self.non_finite_streak = (
+          _state_variable('non_finite_streak', 0, tf.int64)
+          if streak_length > 1 else None)
+      self.skips_at_floor = (
+          _state_variable('skips_at_floor', 0, tf.int64)
+          if on_collapse != 'skip' else None)
     # Held by a plain object so that it is neither a checkpoint dependency nor
     # in `variables`: checkpoints keep TensorFlow's layout and interchange.
-    self._skip_counter = _SkipCounter()
+    self._step_record = _StepRecord()
 
   @property
   def initial_loss_scale(self) -> float:
@@ -259,6 +447,31 @@ class DynamicLossScale(LossScale):
     return self._multiplier
 
   @property
+  def min_loss_scale(self) -> float:
+    """The floor of the scale, a Python float."""
+    return self._min_loss_scale
+
+  @property
+  def max_loss_scale(self) -> Optional[float]:
+    """The cap on the scale, a Python float, or None."""
+    return self._max_loss_scale
+
+  @property
+  def hysteresis(self) -> int:
+    """Non-finite steps in a row before the scale shrinks, a Python int."""
+    return self._hysteresis
+
+  @property
+  def on_collapse(self) -> str:
+    """`'skip'`, `'warn'` or `'raise'`: what a collapse does."""
+    return self._on_collapse
+
+  @property
+  def collapse_patience(self) -> int:
+    """Steps in a row skipped at the floor that make a collapse."""
+    return self._collapse_patience
+
+  @property
   def skipped_steps(self) -> tf.Tensor:
     """Steps skipped so far, counted by the state machine (int64 tensor).
 
@@ -266,15 +479,26 @@ class DynamicLossScale(LossScale):
     starts at 0 in each process (in a TF1 graph, when the session initialises
     local variables; it reads 0 before that).
     """
-    return self._skip_counter.read()
+    return self._step_record.skipped_steps()
+
+  @property
+  def last_step_skipped(self) -> tf.Tensor:
+    """Whether the latest update skipped its step (bool scalar tensor).
+
+    For learning-rate schedules and logs that must not count skipped steps.
+    A tensor, so that a graph or `tf.function` reads it with no extra host
+    round trip. False before the first update; like `skipped_steps` it is
+    not saved in checkpoints.
+    """
+    return self._step_record.last_step_skipped()
 
   def _trackable_children(self, save_type='checkpoint', **kwargs):
-    # A SavedModel must track every variable its functions capture, the skip
-    # counter included; checkpoints must not see it, or they would stop
+    # A SavedModel must track every variable its functions capture, the step
+    # record included; checkpoints must not see it, or they would stop
     # interchanging with TensorFlow's own DynamicLossScale.
     children = super()._trackable_children(save_type, **kwargs)
     if getattr(save_type, 'value', save_type) == 'savedmodel':
-      children['skipped_steps'] = self._skip_counter.variable
+      children.update(self._step_record.variables())
     return children
 
   def __call__(self) -> tf.Tensor:
@@ -287,39 +511,133 @@ class DynamicLossScale(LossScale):
       grads: The step's unscaled gradients (any nested structure).
 
     Returns:
-      `(update_op, should_apply_gradients)` as described in
-      `LossScale.update`; `should_apply_gradients` is a bool tensor.
+      `(update_op, should_apply_gradients)`, both as TensorFlow's class
+      returns them: eagerly `(None, verdict)`; in graph mode `update_op` is a
+      bool scalar tensor that performs the update when evaluated (its value is
+      True when the step completed an increment period).
+      `should_apply_gradients` is a bool scalar tensor.
 
     Raises:
       RuntimeError: If called inside a replica context of a strategy.
+      LossScaleCollapseError: Eagerly, on a collapse with
+        `on_collapse='raise'` (the state has been updated).
     """
-    grads_finite = distribute.all_finite_on_every_replica(grads)
+    grads_finite = _scalar_verdict(
+        distribute.all_finite_on_every_replica(grads))
     return self.assign_next_state(grads_finite), grads_finite
 
-  def assign_next_state(self, grads_finite: tf.Tensor) -> Optional[tf.Operation]:
+  def assign_next_state(self, grads_finite: tf.Tensor
+                       ) -> Optional[tf.Tensor]:
     """Moves the state machine one step, given the step's finite verdict.
 
     Front ends that have already decided finiteness (once, for all replicas)
     call this instead of `update` so that the gradients are not read twice.
+    Call it in the cross-replica context; from a replica context (inside
+    `strategy.run`) it merges into the cross-replica context itself.
 
     Args:
       grads_finite: A bool scalar tensor, the same on every replica.
 
     Returns:
-      The update op in graph mode, None eagerly (the update has happened).
+      What `update` returns as `update_op`: None eagerly (the update has
+      happened), a bool scalar tensor that performs it in graph mode.
+
+    Raises:
+      LossScaleCollapseError: Eagerly, on a collapse with
+        `on_collapse='raise'` (the state has been updated).
     """
-    new_scale, new_good_steps = next_dynamic_state(
-        self.current_loss_scale, self.good_steps, grads_finite,
-        self._increment_period, self._multiplier)
-    return execution.op_in_graph_mode(lambda: tf.group(
-        self.current_loss_scale.assign(new_scale),
-        self.good_steps.assign(new_good_steps),
-        self._skip_counter.add(tf.logical_not(grads_finite))))
+    if (tf.distribute.has_strategy() and
+        not tf.distribute.in_cross_replica_context()):
+      # The variables are mirrored with no aggregation: only the
+      # cross-replica context may assign them, and the verdict is the same
+      # on every replica, so the first replica's stands for all.
+      return distribute.merge_to_cross_replica(
+          lambda strategy, finite: self._assign_next_state(
+              strategy.experimental_local_results(finite)[0]), grads_finite)
+    return self._assign_next_state(grads_finite)
+
+  def _assign_next_state(self, grads_finite: Any) -> Optional[tf.Tensor]:
+    grads_finite = _scalar_verdict(grads_finite)
+    state = advance_dynamic_state(
+        self._read_state(), grads_finite, **self._rule_options())
+    assigned = tf.group(
+        *[variable.assign(value)
+          for variable, value in zip(self._state_variables(), state)
+          if variable is not None],
+        self._step_record.record(tf.logical_not(grads_finite)))
+    if tf.executing_eagerly():
+      self._react_to_collapse_eagerly(state.skips_at_floor)
+      return None
+    with tf.control_dependencies([assigned]):
+      reaction = self._collapse_reaction_op(state.skips_at_floor)
+    with tf.control_dependencies([assigned] + reaction):
+      # TensorFlow's update op evaluates to this: whether the step was
+      # finite (no streak of non-finite steps) and completed an increment
+      # period (the good-step count went back to 0).
+      return tf.logical_and(tf.equal(state.non_finite_streak, 0),
+                            tf.equal(state.good_steps, 0))
+
+  def _state_variables(self) -> DynamicState:
+    return DynamicState(self.current_loss_scale, self.good_steps,
+                        self.non_finite_streak, self.skips_at_floor)
+
+  def _read_state(self) -> DynamicState:
+    return DynamicState(*[
+        tf.constant(0, tf.int64) if variable is None else
+        tf.convert_to_tensor(variable) for variable in self._state_variables()
+    ])
+
+  def _rule_options(self) -> Dict[str, Any]:
+    return dict(increment_period=self._increment_period,
+                multiplier=self._multiplier,
+                min_loss_scale=self._min_loss_scale,
+                max_loss_scale=self._max_loss_scale,
+                hysteresis=self._hysteresis)
+
+  def _collapse_message(self, detail: str = '') -> str:
+    return (
+        'The dynamic loss scale has collapsed: '
+        f'{_steps(self._collapse_patience)} in a row were skipped with the '
+        f'scale already at min_loss_scale={self._min_loss_scale:g}, so no '
+        f'training step is being applied{detail}. The gradients are not '
+        'finite even at the smallest scale allowed: look for an inf or NaN '
+        'in the loss or the inputs, lower the learning rate, or compute the '
+        'overflowing part of the model in float32. A lower min_loss_scale '
+        '(values below 1 are allowed) helps only if scaling itself '
+        'overflows.')
+
+  def _react_to_collapse_eagerly(self, skips_at_floor: tf.Tensor) -> None:
+    if self._on_collapse == 'skip':
+      return
+    count = int(skips_at_floor)
+    if count < self._collapse_patience:
+      return
+    # The running count makes each collapse's warning text new, so that
+    # Python's warning filters do not hide the second one.
+    message = self._collapse_message(
+        f' ({_steps(int(self.skipped_steps))} skipped in this process)')
+    if self._on_collapse == 'raise':
+      raise LossScaleCollapseError(message)
+    if count == self._collapse_patience:
+      warnings.warn(message, RuntimeWarning)
+
+  def _collapse_reaction_op(self, skips_at_floor: tf.Tensor) -> List[Any]:
+    # No Python in the graph: the check is an op, so it works in a TF1
+    # session, in a tf.function and under any strategy alike.
+    if self._on_collapse == 'skip':
+      return []
+    message = self._collapse_message()
+    if self._on_collapse == 'raise':
+      return [tf.debugging.Assert(skips_at_floor < self._collapse_patience,
+                                  [message], name='loss_scale_collapse')]
+    return [tf.cond(
+        tf.equal(skips_at_floor, self._collapse_patience),
+        lambda: tf.print(message, output_stream=logging.warning),
+        tf.no_op)]
 
   def __repr__(self) -> str:
-    arguments = (f'initial_loss_scale={self._initial_loss_scale}, '
-                 f'increment_period={self._increment_period}, '
-                 f'multiplier={self._multiplier}')
+    arguments = ', '.join(
+        f'{key}={value!r}' for key, value in self.get_config().items())
     if tf.executing_eagerly():
       return (f'DynamicLossScale(current_loss_scale='
               f'{self.current_loss_scale.numpy()}, num_good_steps='
@@ -327,11 +645,22 @@ class DynamicLossScale(LossScale):
     return f'DynamicLossScale({arguments})'
 
   def get_config(self) -> Dict[str, Any]:
-    return {
+    """Returns the constructor arguments, options only when not default."""
+    config = {
         'initial_loss_scale': self._initial_loss_scale,
         'increment_period': self._increment_period,
         'multiplier': self._multiplier,
     }
+    options = {
+        'min_loss_scale': (self._min_loss_scale, 1.0),
+        'max_loss_scale': (self._max_loss_scale, None),
+        'hysteresis': (self._hysteresis, 1),
+        'on_collapse': (self._on_collapse, 'skip'),
+        'collapse_patience': (self._collapse_patience, 1),
+    }
+    config.update({key: value for key, (value, default) in options.items()
+                   if value != default})
+    return config
 
 
 _CLASSES_BY_NAME = {
@@ -424,41 +753,77 @@ def _state_variable(name: str, initial_value: Any, dtype: tf.DType) -> tf.Variab
       aggregation=tf.VariableAggregation.NONE)
 
 
-class _SkipCounter:
-  """An int64 count of skipped steps that no checkpoint or Saver sees.
+class _StepRecord:
+  """What the latest steps did, for monitoring; no checkpoint or Saver sees it.
 
-  In a TF1 graph the variable is a local variable: a default `Saver()` saves
-  only global ones, and `MonitoredTrainingSession` initialises it. Sessions
-  that initialise only global variables still run: an uninitialised counter
-  is set rather than incremented, and reads as 0.
+  Two variables: an int64 count of skipped steps and a bool that says
+  whether the latest step was skipped. In a TF1 graph they are local
+  variables: a default `Saver()` saves only global ones, and
+  `MonitoredTrainingSession` initialises them. Sessions that initialise only
+  global variables still run: an uninitialised count is set rather than
+  incremented, and both read as 0 and False until written.
   """
 
   def __init__(self):
-    if execution.in_tf1_graph():
-      self.variable = tf.compat.v1.Variable(
-          0, name='skipped_steps', dtype=tf.int64, trainable=False,
-          collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
-          use_resource=True, synchronization=tf.VariableSynchronization.AUTO,
-          aggregation=tf.VariableAggregation.NONE)
-    else:
-      self.variable = _state_variable('skipped_steps', 0, tf.int64)
+    self._skipped_steps = _monitoring_variable('skipped_steps', 0, tf.int64)
+    self._last_step_skipped = _monitoring_variable('last_step_skipped', False,
+                                                   tf.bool)
 
-  def add(self, skipped: tf.Tensor) -> Any:
+  def variables(self) -> Dict[str, tf.Variable]:
+    return {'skipped_steps': self._skipped_steps,
+            'last_step_skipped': self._last_step_skipped}
+
+  def record(self, skipped: tf.Tensor) -> Any:
     increment = tf.cast(skipped, tf.int64)
+    count = self._skipped_steps
     if execution.in_tf1_graph():
-      return tf.cond(self._initialized(),
-                     lambda: self.variable.assign_add(increment),
-                     lambda: self.variable.assign(increment))
-    return self.variable.assign_add(increment)
+      counted = tf.cond(_is_initialized(count),
+                        lambda: count.assign_add(increment),
+                        lambda: count.assign(increment))
+    else:
+      counted = count.assign_add(increment)
+    return tf.group(counted, self._last_step_skipped.assign(skipped))
 
-  def read(self) -> tf.Tensor:
-    if execution.in_tf1_graph():
-      return tf.cond(self._initialized(), lambda: tf.identity(self.variable),
-                     lambda: tf.constant(0, tf.int64))
-    return tf.identity(self.variable)
+  def skipped_steps(self) -> tf.Tensor:
+    return _read_or(self._skipped_steps, tf.constant(0, tf.int64))
 
-  def _initialized(self) -> tf.Tensor:
-    return tf.compat.v1.is_variable_initialized(self.variable)
+  def last_step_skipped(self) -> tf.Tensor:
+    return _read_or(self._last_step_skipped, tf.constant(False))
+
+
+def _monitoring_variable(name: str, initial_value: Any,
+                         dtype: tf.DType) -> tf.Variable:
+  if execution.in_tf1_graph():
+    return tf.compat.v1.Variable(
+        initial_value, name=name, dtype=dtype, trainable=False,
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+        use_resource=True, synchronization=tf.VariableSynchronization.AUTO,
+        aggregation=tf.VariableAggregation.NONE)
+  return _state_variable(name, initial_value, dtype)
+
+
+def _read_or(variable: tf.Variable, uninitialized: tf.Tensor) -> tf.Tensor:
+  if execution.in_tf1_graph():
+    return tf.cond(_is_initialized(variable), lambda: tf.identity(variable),
+                   lambda: uninitialized)
+  return tf.identity(variable)
+
+
+def _is_initialized(variable: tf.Variable) -> tf.Tensor:
+  return tf.compat.v1.is_variable_initialized(variable)
+
+
+def _scalar_verdict(grads_finite: Union[bool, tf.Tensor]) -> tf.Tensor:
+  finite = tf.convert_to_tensor(grads_finite, tf.bool)
+  if finite.shape.rank is None:
+    # A verdict summed from per-gradient flags in a TF1 graph has no static
+    # shape; TensorFlow's is a scalar, and so is the state it updates.
+    finite = tf.reshape(finite, [])
+  return finite
+
+
+def _steps(count: int) -> str:
+  return f'{count} step' if count == 1 else f'{count} steps'
 
 
 def _real_number(name: str, value: Any) -> float:
@@ -469,8 +834,12 @@ def _real_number(name: str, value: Any) -> float:
   return float(value)
 
 
-def _whole_number(name: str, value: Any) -> int:
+def _count(name: str, value: Any) -> int:
+  """A whole number from 1 to the int64 maximum (counters are int64)."""
   number = _real_number(name, value)
   if not number.is_integer():
     raise TypeError(f'{name} must be an integer, but got {value!r}.')
+  if not 1 <= number <= _INT64_MAX:
+    raise ValueError(
+        f'{name} must be an integer from 1 to 2**63 - 1, but got {value!r}.')
   return int(number)

@@ -5,7 +5,18 @@ Three views of the same numbers, read from the loss scale's state machine:
 - `loss_scale`: the current scale;
 - `good_steps`: finite steps since the scale last changed;
 - `skipped_steps`: steps skipped because a gradient was not finite, counted by
-  `DynamicLossScale` itself (a `FixedLossScale` never skips, so it reports 0).
+  the state machine itself (a `FixedLossScale` never skips, so it reports 0);
+- `non_finite_streak`: non-finite steps in a row, when a `DynamicLossScale`
+  has `hysteresis` above 1;
+- `skips_at_floor`: steps in a row skipped at `min_loss_scale`, when a
+  `DynamicLossScale` watches for a collapse (`on_collapse` 'warn' or 'raise').
+
+A value a source does not keep is left out rather than made up. Sources are
+a `LossScale`, any optimizer whose `loss_scale` property is one (the v1 and
+the TF 2.3-style Keras wrappers), and any Keras 3-style
+`LossScaleOptimizer` with `dynamic_scale` and `step_counter` variables
+(Keras's own class as well as this library's). `state_tensors` is the one
+place that knows these shapes.
 
 Use `write_summaries` in a custom training loop, `LossScaleCallback` with
 Keras `model.fit`, and `LossScaleHook` with `tf.compat.v1` sessions.
@@ -13,6 +24,7 @@ Keras `model.fit`, and `LossScaleHook` with `tf.compat.v1` sessions.
 
 from typing import Any, Dict, Optional, Union
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -21,62 +33,88 @@ from tf_loss_scale import loss_scale as loss_scale_lib
 SCALE = 'loss_scale'
 GOOD_STEPS = 'good_steps'
 SKIPPED_STEPS = 'skipped_steps'
+NON_FINITE_STREAK = 'non_finite_streak'
+SKIPS_AT_FLOOR = 'skips_at_floor'
 
 # TensorBoard tags, grouped under one section.
 TAGS = {
     SCALE: 'loss_scale/scale',
     GOOD_STEPS: 'loss_scale/good_steps',
     SKIPPED_STEPS: 'loss_scale/skipped_steps',
+    NON_FINITE_STREAK: 'loss_scale/non_finite_streak',
+    SKIPS_AT_FLOOR: 'loss_scale/skips_at_floor',
 }
 
-LossScaleSource = Union[loss_scale_lib.LossScale, Any]
+# The counters, each with the attribute names that hold it, in order.
+_COUNTERS = {
+    GOOD_STEPS: ('good_steps', 'step_counter'),
+    SKIPPED_STEPS: ('skipped_steps',),
+    NON_FINITE_STREAK: ('non_finite_streak',),
+    SKIPS_AT_FLOOR: ('skips_at_floor',),
+}
+
+LossScaleSource = Any
 
 
-def find_loss_scale(source: LossScaleSource) -> loss_scale_lib.LossScale:
-  """Returns the `LossScale` of a loss scale or of an optimizer holding one.
+def state_tensors(source: LossScaleSource) -> Dict[str, tf.Tensor]:
+  """Reads the loss scale's state from any front end.
 
   Args:
-    source: A `LossScale`, or an optimizer (any front end of this library)
-      whose `loss_scale` property is one.
+    source: A `LossScale`; an optimizer whose `loss_scale` property is one;
+      or a Keras 3-style loss scale optimizer, with `dynamic_scale` and
+      `step_counter` variables (and, if it keeps them, `skipped_steps`).
 
   Returns:
-    The `LossScale`.
+    A dict of scalar tensors: `'loss_scale'` (float32) and, for each counter
+    the source keeps, its int64 value under the names listed in this
+    module's docstring. In a TF1 graph these are tensors to run; eagerly
+    they hold the values.
 
   Raises:
-    TypeError: If `source` is neither.
+    TypeError: If `source` is none of the above.
+    ValueError: If `source` is a Keras loss scale optimizer not built yet.
   """
+  holder = _state_holder(source)
+  if isinstance(holder, loss_scale_lib.FixedLossScale):
+    zero = tf.constant(0, tf.int64)
+    return {SCALE: holder(), GOOD_STEPS: zero, SKIPPED_STEPS: zero}
+  if isinstance(holder, loss_scale_lib.LossScale):
+    scale = holder()
+  elif getattr(holder, 'dynamic_scale', None) is not None:
+    scale = holder.dynamic_scale
+  else:
+    raise ValueError(
+        f'{type(holder).__name__} {getattr(holder, "name", "")!r} has no loss '
+        'scale state yet: it creates it when built. Read it after the first '
+        'training step, or call its build(variables) first.')
+  values = {SCALE: tf.cast(scale, tf.float32)}
+  for key, names in _COUNTERS.items():
+    found = [getattr(holder, name, None) for name in names]
+    found = [value for value in found if value is not None]
+    if found:
+      values[key] = tf.cast(found[0], tf.int64)
+  return values
+
+
+def _state_holder(source: LossScaleSource) -> Any:
+  """The object whose attributes hold `source`'s loss scale state."""
   if isinstance(source, loss_scale_lib.LossScale):
     return source
   found = getattr(source, 'loss_scale', None)
   if isinstance(found, loss_scale_lib.LossScale):
     return found
+  # Keras's class creates its two variables when it is built, on the first
+  # step; it is known for one before that by its type.
+  if isinstance(source, keras.optimizers.LossScaleOptimizer) or all(
+      getattr(source, name, None) is not None
+      for name in ('dynamic_scale', 'step_counter')):
+    return source
   raise TypeError(
-      'Expected a tf_loss_scale LossScale or an optimizer whose loss_scale '
-      f'property is one, but got {source!r} of type {type(source).__name__}. '
-      'Wrap the optimizer in a tf_loss_scale optimizer to monitor it.')
-
-
-def state_tensors(loss_scale: loss_scale_lib.LossScale) -> Dict[str, tf.Tensor]:
-  """Reads the loss scale's state.
-
-  Args:
-    loss_scale: A `LossScale`.
-
-  Returns:
-    A dict with keys `'loss_scale'` (float32), `'good_steps'` and
-    `'skipped_steps'` (int64) of scalar tensors. In a TF1 graph these are
-    tensors to run; eagerly they hold the values.
-  """
-  if isinstance(loss_scale, loss_scale_lib.DynamicLossScale):
-    good_steps = tf.identity(loss_scale.good_steps)
-    skipped_steps = loss_scale.skipped_steps
-  else:
-    good_steps = skipped_steps = tf.constant(0, tf.int64)
-  return {
-      SCALE: tf.convert_to_tensor(loss_scale()),
-      GOOD_STEPS: good_steps,
-      SKIPPED_STEPS: skipped_steps,
-  }
+      'Expected a tf_loss_scale LossScale, an optimizer whose loss_scale '
+      'property is one, or a Keras LossScaleOptimizer (with dynamic_scale and '
+      f'step_counter variables), but got {source!r} of type '
+      f'{type(source).__name__}. Wrap the optimizer in a loss scale '
+      'optimizer to monitor it.')
 
 
 # What TensorBoard's scalar plugin reads; written with the core `tf.summary.write`
@@ -109,76 +147,90 @@ def write_summaries(source: LossScaleSource,
   default writer, e.g. `with writer.as_default(): write_summaries(opt, step)`.
 
   Args:
-    source: A `LossScale` or an optimizer holding one.
+    source: Any source `state_tensors` reads.
     step: The summary step; by default `tf.summary.experimental.get_step()`.
 
   Raises:
-    TypeError: If `source` holds no `LossScale`.
+    TypeError: If `source` is not one.
   """
-  values = state_tensors(find_loss_scale(source))
-  for key, tag in TAGS.items():
-    write_scalar(tag, values[key], step)
+  for key, value in state_tensors(source).items():
+    write_scalar(TAGS[key], value, step)
 
 
 class LossScaleCallback(keras.callbacks.Callback):
   """Adds the loss scale's state to Keras logs and, optionally, TensorBoard.
 
-  Every batch and every epoch, `loss_scale`, `good_steps` and
-  `skipped_steps` are put in the logs, so the progress bar, `History` and
-  later callbacks see them (list this callback before those you want to see
-  them). With `log_dir`, they are also written as TensorBoard scalars.
+  Every batch and every epoch, `loss_scale`, `good_steps`, `skipped_steps`
+  (and the hysteresis and collapse counters, when on) are put in the logs, so
+  the progress bar, `History` and later callbacks see them (list this
+  callback before those you want to see them). With `log_dir`, they are also
+  written as TensorBoard scalars.
 
   ```python
   model.compile(optimizer=tf_loss_scale.keras.LossScaleOptimizer(opt), ...)
   model.fit(x, y, callbacks=[LossScaleCallback(log_dir='logs/train')])
   ```
+
+  Keras's own `keras.optimizers.LossScaleOptimizer` works too; it keeps no
+  count of skipped steps, so none is logged for it.
   """
 
   def __init__(self,
                log_dir: Optional[str] = None,
                update_freq: Union[str, int] = 'epoch',
-               loss_scale: Optional[loss_scale_lib.LossScale] = None):
+               loss_scale: Optional[LossScaleSource] = None):
     """Creates the callback.
 
     Args:
       log_dir: Directory for TensorBoard event files, or None for logs only.
       update_freq: `'epoch'` to write summaries once per epoch (at the
-        epoch's index), or a positive int N to write every N batches (at the
-        index of the batch counted from the start of training).
-      loss_scale: The `LossScale` to watch; by default the one of
-        `model.optimizer` (its `loss_scale` property).
+        epoch's index), or a positive int N to write every N batches, at the
+        batch index Keras reports counted from the start of training (with
+        `steps_per_execution=k` Keras reports every k-th batch, and a summary
+        is written whenever N more batches have run).
+      loss_scale: What to watch, any source `state_tensors` reads; by default
+        `model.optimizer`.
 
     Raises:
       ValueError: If `update_freq` is neither `'epoch'` nor a positive int.
-      TypeError: If `loss_scale` is given and is not a `LossScale`.
+      TypeError: If `loss_scale` is given and `state_tensors` cannot read it.
     """
     super().__init__()
     if update_freq != 'epoch' and not _is_positive_int(update_freq):
       raise ValueError(
           "update_freq must be 'epoch' or a positive int, but got "
           f'{update_freq!r}.')
-    if loss_scale is not None and not isinstance(loss_scale,
-                                                 loss_scale_lib.LossScale):
-      raise TypeError(
-          f'loss_scale must be a LossScale or None, but got {loss_scale!r}.')
+    if loss_scale is not None:
+      _state_holder(loss_scale)
     self._log_dir = log_dir
     self._update_freq = update_freq
     self._loss_scale = loss_scale
     self._watched = None
     self._writer = None
-    self._batches_seen = 0
+    # Keras numbers batches from 0 in every epoch; these turn its numbers
+    # into indices counted from the start of training.
+    self._epoch_start = 0
+    self._last_index = -1
 
   def on_train_begin(self, logs=None):
-    self._watched = self._loss_scale or find_loss_scale(self.model.optimizer)
+    self._watched = (self._loss_scale if self._loss_scale is not None else
+                     self.model.optimizer)
+    _state_holder(self._watched)
+    self._epoch_start = 0
+    self._last_index = -1
     if self._log_dir is not None and self._writer is None:
       self._writer = tf.summary.create_file_writer(self._log_dir)
 
+  def on_epoch_begin(self, epoch, logs=None):
+    self._epoch_start = self._last_index + 1
+
   def on_train_batch_end(self, batch, logs=None):
     values = self._read(logs)
+    index = self._epoch_start + batch
     if isinstance(self._update_freq, int) and (
-        self._batches_seen % self._update_freq == 0):
-      self._write(values, self._batches_seen)
-    self._batches_seen += 1
+        index // self._update_freq > self._last_index // self._update_freq):
+      self._write(values, index)
+    self._last_index = index
 
   def on_epoch_end(self, epoch, logs=None):
     values = self._read(logs)
@@ -190,11 +242,7 @@ class LossScaleCallback(keras.callbacks.Callback):
       self._writer.flush()
 
   def _read(self, logs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    values = {key: tensor.numpy()
-              for key, tensor in state_tensors(self._watched).items()}
-    values = {SCALE: float(values[SCALE]),
-              GOOD_STEPS: int(values[GOOD_STEPS]),
-              SKIPPED_STEPS: int(values[SKIPPED_STEPS])}
+    values = _to_python(state_tensors(self._watched))
     if logs is not None:
       logs.update(values)
     return values
@@ -203,8 +251,8 @@ class LossScaleCallback(keras.callbacks.Callback):
     if self._writer is None:
       return
     with self._writer.as_default():
-      for key, tag in TAGS.items():
-        write_scalar(tag, values[key], step)
+      for key, value in values.items():
+        write_scalar(TAGS[key], value, step)
 
 
 class LossScaleHook(tf.compat.v1.train.SessionRunHook):
@@ -212,7 +260,7 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
 
   For `MonitoredTrainingSession` (or any session that runs hooks): every
   `every_n_steps` training runs it reads the state once the run is done,
-  logs it with `tf.compat.v1.logging.info`, writes TensorBoard scalars to
+  logs it with `absl.logging.info`, writes TensorBoard scalars to
   `output_dir` (if given) and keeps the last values in `latest`.
 
   Steps are counted by the hook (runs since the session started, plus the
@@ -242,13 +290,14 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
       every_n_steps: Read the state every this many runs, a positive int.
 
     Raises:
-      TypeError: If `source` holds no `LossScale`.
+      TypeError: If `state_tensors` cannot read `source`.
       ValueError: If `every_n_steps` is not a positive int.
     """
     if not _is_positive_int(every_n_steps):
       raise ValueError(
           f'every_n_steps must be a positive int, but got {every_n_steps!r}.')
-    self._loss_scale = find_loss_scale(source)
+    _state_holder(source)
+    self._source = source
     self._output_dir = output_dir
     self._every_n_steps = every_n_steps
     self._fetches = None
@@ -258,7 +307,7 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
     self.latest: Dict[str, Any] = {}
 
   def begin(self):
-    self._fetches = state_tensors(self._loss_scale)
+    self._fetches = state_tensors(self._source)
     self._global_step = tf.compat.v1.train.get_global_step()
     if self._output_dir is not None:
       self._writer = tf.compat.v1.summary.FileWriterCache.get(self._output_dir)
@@ -281,21 +330,23 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
     if self._writer is not None:
       self._writer.flush()
 
-  def _record(self, values: Dict[str, Any], step: int) -> None:
-    self.latest = {SCALE: float(values[SCALE]),
-                   GOOD_STEPS: int(values[GOOD_STEPS]),
-                   SKIPPED_STEPS: int(values[SKIPPED_STEPS]),
-                   'step': step}
-    tf.compat.v1.logging.info(
-        'step %d: loss scale %g, good steps %d, skipped steps %d', step,
-        self.latest[SCALE], self.latest[GOOD_STEPS],
-        self.latest[SKIPPED_STEPS])
+  def _record(self, fetched: Dict[str, Any], step: int) -> None:
+    values = _to_python(fetched)
+    self.latest = dict(values, step=step)
+    logging.info('step %d: %s', step, ', '.join(
+        f'{key.replace("_", " ")} {value:g}' for key, value in values.items()))
     if self._writer is not None:
       summary = tf.compat.v1.Summary(value=[
-          tf.compat.v1.Summary.Value(tag=tag, simple_value=self.latest[key])
-          for key, tag in TAGS.items()
+          tf.compat.v1.Summary.Value(tag=TAGS[key], simple_value=value)
+          for key, value in values.items()
       ])
       self._writer.add_summary(summary, step)
+
+
+def _to_python(values: Dict[str, Any]) -> Dict[str, Any]:
+  """The scale as a float and the counters as ints."""
+  return {key: float(value) if key == SCALE else int(value)
+          for key, value in values.items()}
 
 
 def _is_positive_int(value: Any) -> bool:

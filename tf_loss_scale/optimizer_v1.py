@@ -133,8 +133,6 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
     """
     distribute.require_replica_context('apply_gradients()')
     grads_and_vars = tuple(grads_and_vars)
-    if isinstance(self._loss_scale, loss_scale_lib.FixedLossScale):
-      return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
     return distribute.merge_to_cross_replica(self._apply_if_finite,
                                              grads_and_vars, global_step, name)
 
@@ -144,11 +142,17 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
                        name: Optional[str]) -> Optional[tf.Operation]:
     update_op, should_apply = self._loss_scale.update(
         [g for g, _ in grads_and_vars])
-    # The inner optimizer names its ops itself: `name` is for the op returned.
+    # Whatever the loss scale's class, its verdict decides. The Python True
+    # of scales that never skip (any LossScale may answer it) becomes a
+    # constant verdict, so that the apply op is built and returned like any
+    # other rather than lost.
     applied = distribute.apply_on_every_replica_if(
-        strategy, should_apply, self._optimizer.apply_gradients,
-        (grads_and_vars, global_step))
-    return tf.group(applied, update_op, name=name or self.get_name())
+        strategy, tf.convert_to_tensor(should_apply, tf.bool),
+        self._optimizer.apply_gradients, (grads_and_vars, global_step))
+    # The inner optimizer names its ops itself: `name` is for the op returned.
+    # `update_op` may be None (a LossScale with nothing to update).
+    return tf.group(*[op for op in (applied, update_op) if op is not None],
+                    name=name or self.get_name())
 
   def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:
     """Returns the wrapped optimizer's slot `name` for `var`, or None."""
