@@ -49,6 +49,9 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
       optimizer = experimental.LossScaleOptimizer(
           optimizer, tf_loss_scale.DynamicLossScale(config.initial_scale,
                                                     config.growth_steps))
+    # Slots made here, not on the first call of the tf.function below, where
+    # variable creation under a strategy would need its inputs twice.
+    optimizer.build(model.trainable_variables)
   per_example_loss = keras.losses.SparseCategoricalCrossentropy(
       reduction=None)
 
