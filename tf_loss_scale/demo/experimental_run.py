@@ -26,17 +26,8 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
           stream: TextIO) -> results_lib.RunResult:
   """Trains and evaluates one run in a custom training loop.
 
-  Args:
-    kind: One of `config.KINDS`.
-    name: The run's display name.
-    config: The demo's settings.
-    digits: The data.
-    batches: `[steps, batch_size]` training indices.
-    log_dir: Where this run's TensorBoard event files go.
-    stream: Where the progress bar is drawn.
-
-  Returns:
-    The run's `RunResult`.
+  The arguments and result are those of every API module (see
+  `tf_loss_scale.demo`).
   """
   strategy = (keras_run.mirrored_strategy() if config.strategy == 'mirrored'
               else tf.distribute.get_strategy())
