@@ -1,9 +1,13 @@
 """Checks that tests run on the venv's TensorFlow and this workspace's package.
 
-Under Bazel this proves the Python toolchain (tools/venv_python.sh) works.
+Under Bazel this proves the Python toolchain (tools/venv_python.sh) works;
+the last test checks, without Bazel, the root `__init__.py` that Bazel
+consumers of `@tf_loss_scale` get (tools/repository_init.py).
 """
 
 import os
+import shutil
+import subprocess
 import sys
 
 import tensorflow as tf
@@ -24,3 +28,28 @@ def test_tensorflow_is_2_21():
 def test_package_comes_from_this_workspace():
   package_file = os.path.abspath(tf_loss_scale.__file__)
   assert package_file == os.path.join(WORKSPACE, 'tf_loss_scale', '__init__.py')
+
+
+def test_repository_init_hands_the_name_to_the_package(tmp_path):
+  # The runfiles layout of a workspace depending on @tf_loss_scale: the
+  # repository directory, named like the package, holds the generated
+  # __init__.py and the package itself, and comes first on sys.path.
+  repository = tmp_path / 'tf_loss_scale'
+  repository.mkdir()
+  shutil.copy(os.path.join(WORKSPACE, 'tools', 'repository_init.py'),
+              repository / '__init__.py')
+  os.symlink(os.path.join(WORKSPACE, 'tf_loss_scale'),
+             repository / 'tf_loss_scale')
+  script = ('import tf_loss_scale, tf_loss_scale.monitoring; '
+            'print(tf_loss_scale.__name__, tf_loss_scale.__file__, '
+            'tf_loss_scale.DynamicLossScale.__module__, '
+            'tf_loss_scale.monitoring.__name__)')
+  done = subprocess.run(
+      [sys.executable, '-c', script], capture_output=True, text=True,
+      timeout=120, check=False, cwd=str(tmp_path),
+      env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split() == [
+      'tf_loss_scale',
+      str(repository / 'tf_loss_scale' / '__init__.py'),
+      'tf_loss_scale.loss_scale', 'tf_loss_scale.monitoring'], done.stdout

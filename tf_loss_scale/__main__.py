@@ -1,6 +1,7 @@
 """The `tf-loss-scale` command line (also `python -m tf_loss_scale`).
 
-  tf-loss-scale demo [--api keras|v1] [--strategy none|mirrored] [--out DIR]
+  tf-loss-scale demo [--api keras|experimental|v1] [--strategy none|mirrored]
+                     [--loss-weight W] [--out DIR] [--verbose]
   tf-loss-scale inspect CHECKPOINT
 """
 
@@ -43,14 +44,24 @@ def _parser() -> argparse.ArgumentParser:
   demo = commands.add_parser(
       'demo', help='train float32, mixed_float16 and mixed_float16 with a '
       'dynamic loss scale on the 8x8 digits, and compare them',
+      description='Trains float32, mixed_float16 without loss scaling and '
+      'mixed_float16 with a dynamic loss scale on the 8x8 digits, with the '
+      'cross-entropy weighted as small as a loss averaged over 2**18 outputs '
+      '(--loss-weight 1: the plain classifier). Prints a table; writes a '
+      'plot, results.json and TensorBoard logs to --out.',
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   demo.add_argument('--api', choices=config_lib.APIS, default=defaults.api,
-                    help='Keras 3 model.fit, or a TF1 session loop')
+                    help='Keras 3 model.fit, the TF 2.0-2.3 experimental '
+                    'wrapper in a custom loop, or a TF1 session loop')
   demo.add_argument('--strategy', choices=config_lib.STRATEGIES,
                     default=defaults.strategy,
                     help='mirrored runs two replicas on two logical CPUs')
   demo.add_argument('--out', default=defaults.out,
-                    help='directory for the PNG and TensorBoard event files')
+                    help='directory for the PNG, results.json, TensorBoard '
+                    'event files and TensorFlow\'s log')
+  demo.add_argument('--verbose', action='store_true',
+                    help='show TensorFlow\'s log lines instead of writing '
+                    'them to tensorflow.log in --out')
   for name, help_text in (
       ('steps', 'training steps per run'),
       ('batch_size', 'examples per step'),
@@ -61,7 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument('--' + name.replace('_', '-'), type=int,
                       default=getattr(defaults, name), help=help_text)
   for name, help_text in (
-      ('learning_rate', 'SGD-with-momentum learning rate'),
+      ('learning_rate', 'SGD-with-momentum learning rate for the unweighted '
+       'loss (the optimizer gets it divided by the loss weight)'),
+      ('loss_weight', 'factor on the cross-entropy; 1 trains the plain '
+       'classifier'),
       ('initial_scale', 'first value of the dynamic loss scale')):
     demo.add_argument('--' + name.replace('_', '-'), type=float,
                       default=getattr(defaults, name), help=help_text)

@@ -1,16 +1,26 @@
-"""The demo's figure: loss per step, and the loss scale with skipped steps."""
+"""The demo's figure: loss per step, the loss scale, and gradient magnitudes."""
 
+import math
 from typing import List
 
+from tf_loss_scale.demo import measure
 from tf_loss_scale.demo import results as results_lib
+
+_FLOAT16_LINES = (
+    (measure.SMALLEST_SUBNORMAL_LOG2, 'smallest subnormal 2$^{-24}$'),
+    (measure.SMALLEST_NORMAL_LOG2, 'smallest normal 2$^{-14}$'),
+    (measure.LARGEST_LOG2, 'largest 65504'),
+)
 
 
 def save_plot(runs: List[results_lib.RunResult], path: str, title: str) -> None:
-  """Writes a PNG with two panels sharing the step axis.
+  """Writes a PNG: loss and loss scale per step, and a gradient histogram.
 
   Args:
-    runs: The runs; every run's loss is drawn, and the loss scale of each run
-      that had one, with its skipped steps marked.
+    runs: The runs, in the order of `results.RUN_NAMES`; every run's loss is
+      drawn, the loss scale of each run that had one with its skipped steps
+      marked, and the scaled run's gradient histogram, unscaled and shifted
+      by its final loss scale.
     path: The PNG file to write.
     title: The figure's title.
   """
@@ -18,28 +28,73 @@ def save_plot(runs: List[results_lib.RunResult], path: str, title: str) -> None:
   matplotlib.use('Agg')
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
 
-  figure, (loss_axes, scale_axes) = pyplot.subplots(
-      2, 1, figsize=(9, 7), sharex=True, height_ratios=(3, 2))
-  for run in runs:
-    loss_axes.plot(run.losses, label=run.name, linewidth=0.8, alpha=0.85)
-  loss_axes.set_yscale('log')
-  loss_axes.set_ylabel('training loss')
-  loss_axes.legend()
-  loss_axes.set_title(title, fontsize=10)
+  figure = pyplot.figure(figsize=(14, 7))
+  grid = figure.add_gridspec(2, 2, height_ratios=(3, 2), width_ratios=(1, 1))
+  loss_axes = figure.add_subplot(grid[0, 0])
+  scale_axes = figure.add_subplot(grid[1, 0], sharex=loss_axes)
+  histogram_axes = figure.add_subplot(grid[:, 1])
+  _draw_losses(loss_axes, runs)
+  _draw_scales(scale_axes, runs)
+  _draw_histogram(histogram_axes, runs[-1])
+  figure.suptitle(title, fontsize=10)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+  pyplot.close(figure)
 
+
+def _draw_losses(axes, runs):
+  for index, run in enumerate(runs):
+    # float32 is drawn wide so that a scaled run on top of it stays visible.
+    axes.plot(run.losses, label=run.name, linewidth=2.5 if index == 0 else 0.9,
+              alpha=0.5 if index == 0 else 0.9)
+  axes.set_yscale('log')
+  axes.set_ylabel('training loss (cross-entropy)')
+  axes.legend()
+
+
+def _draw_scales(axes, runs):
   for run in runs:
     if run.scales is None:
       continue
-    scale_axes.plot(run.scales, label=f'loss scale ({run.name})', color='C2')
+    axes.plot(run.scales, label=f'loss scale ({run.name})', color='C2')
     skipped = [step for step, was_skipped in enumerate(run.skipped)
                if was_skipped]
-    scale_axes.scatter(skipped, [run.scales[step] for step in skipped],
-                       marker='x', color='C3', zorder=3,
-                       label=f'skipped steps ({len(skipped)})')
-  scale_axes.set_yscale('log', base=2)
-  scale_axes.set_xlabel('step')
-  scale_axes.set_ylabel('loss scale')
-  scale_axes.legend()
-  figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  pyplot.close(figure)
+    axes.scatter(skipped, [run.scales[step] for step in skipped], marker='x',
+                 color='C3', zorder=3, label=f'skipped steps ({len(skipped)})')
+  axes.set_yscale('log', base=2)
+  axes.set_xlabel('step')
+  axes.set_ylabel('loss scale')
+  axes.legend()
+
+
+def _draw_histogram(axes, run):
+  """log2 |g| of a float32 copy's gradients, as is and times the loss scale."""
+  counts = run.gradient_histogram
+  edges = measure.LOG2_EDGES
+  shift = math.log2(run.final_scale) if run.final_scale else 0.0
+  total = max(int(counts.sum()), 1)
+  for offset, color, label in (
+      (0.0, 'C1', 'as computed (no loss scale)'),
+      (shift, 'C2', f'times the final loss scale 2$^{{{shift:g}}}$')):
+    flushed = measure.share_below(counts, measure.SMALLEST_SUBNORMAL_LOG2,
+                                  offset)
+    axes.stairs(100 * counts / total, edges + offset, fill=True, alpha=0.45,
+                color=color,
+                label=f'{label}: {100 * flushed:.1f}% below 2$^{{-24}}$')
+  filled = edges[:-1][counts > 0]
+  low = filled.min() - 2 if filled.size else measure.SMALLEST_SUBNORMAL_LOG2
+  high = max(measure.LARGEST_LOG2, (filled.max() if filled.size else 0) +
+             shift) + 4
+  axes.set_xlim(low, high)
+  axes.axvspan(low, measure.SMALLEST_SUBNORMAL_LOG2, color='0.85', zorder=0,
+               label='flushes to zero in float16')
+  for exponent, label in _FLOAT16_LINES:
+    axes.axvline(exponent, color='0.3', linestyle='--', linewidth=0.8)
+    axes.annotate(label, (exponent, 1.0), xycoords=('data', 'axes fraction'),
+                  xytext=(3, -4), textcoords='offset points', rotation=90,
+                  va='top', fontsize=8)
+  axes.set_xlabel('log$_2$ |gradient value|')
+  axes.set_ylabel('% of non-zero gradient values')
+  axes.set_title('gradients of a float32 copy of the scaled run, over all '
+                 'probes', fontsize=9)
+  axes.legend(loc='upper right', fontsize=8, bbox_to_anchor=(1.0, 0.8))

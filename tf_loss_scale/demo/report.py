@@ -82,7 +82,8 @@ def format_table(runs: List[results_lib.RunResult], loss_window: int) -> str:
     return '  '.join([first] + rest)
 
   legend = (
-      f'final loss: mean training loss over the last {loss_window} steps. '
+      f'final loss: mean training cross-entropy (unweighted) over the last '
+      f'{loss_window} steps. '
       'fp16 grads flushed: share of gradient values that are non-zero in '
       'float32 but exactly zero after float16, averaged over probes of the '
       'same weights during training.')

@@ -1,12 +1,16 @@
-"""What one training run of the demo records."""
+"""What one training run of the demo records, and `results.json`."""
 
 import dataclasses
-from typing import List, Optional
+import json
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 RUN_NAMES = ('float32', 'mixed_float16, no loss scaling',
              'mixed_float16, dynamic loss scale')
+# The keys of results.json, in the order of RUN_NAMES.
+RESULT_KEYS = ('float32', 'float16_unscaled', 'float16_scaled')
+LOSS_WINDOW = 50
 
 
 @dataclasses.dataclass
@@ -15,12 +19,14 @@ class RunResult:
 
   Attributes:
     name: One of `RUN_NAMES`.
-    losses: Training loss at each step.
+    losses: Unweighted training loss at each step.
     scales: Loss scale after each step, or None without loss scaling.
     skipped: Whether each step was skipped (all False without scaling).
     flushed_fraction: Over the probes taken during training, the share of
       gradient values that are non-zero in float32 but exactly zero after
       passing through float16; None for the float32 run itself.
+    gradient_histogram: Over the same probes, counts of the float32 copy's
+      gradient values per bin of `measure.LOG2_EDGES`; None for float32.
     test_accuracy: Accuracy on the test set after training.
     wall_time: Seconds spent training, probes included.
   """
@@ -29,6 +35,7 @@ class RunResult:
   scales: Optional[List[float]]
   skipped: List[bool]
   flushed_fraction: Optional[float]
+  gradient_histogram: Optional[np.ndarray]
   test_accuracy: float
   wall_time: float
 
@@ -42,6 +49,25 @@ class RunResult:
     """The loss scale after the last step, or None without scaling."""
     return self.scales[-1] if self.scales else None
 
-  def final_loss(self, window: int = 50) -> float:
+  def final_loss(self, window: int = LOSS_WINDOW) -> float:
     """Mean training loss over the last `window` steps."""
     return float(np.mean(self.losses[-window:]))
+
+  def summary(self) -> Dict[str, Any]:
+    """The run's entry in results.json."""
+    return {
+        'test_accuracy': self.test_accuracy,
+        'final_loss': self.final_loss(),
+        'flushed_fraction': self.flushed_fraction,
+        'skipped_steps': self.skipped_steps,
+        'final_scale': self.final_scale,
+        'seconds': self.wall_time,
+    }
+
+
+def write_json(runs: List[RunResult], path: str) -> None:
+  """Writes results.json: one `RunResult.summary` per key of `RESULT_KEYS`."""
+  with open(path, 'w') as f:
+    json.dump({key: run.summary() for key, run in zip(RESULT_KEYS, runs)}, f,
+              indent=2)
+    f.write('\n')

@@ -1,7 +1,7 @@
 """One demo run as TF1 code: a graph, a session and `MixedPrecisionLossScaleOptimizer`."""
 
 import time
-from typing import List, Optional, TextIO, Tuple
+from typing import List, Optional, TextIO
 
 import numpy as np
 import tensorflow as tf
@@ -11,7 +11,7 @@ from tf_loss_scale import monitoring
 from tf_loss_scale.demo import config as config_lib
 from tf_loss_scale.demo import data as data_lib
 from tf_loss_scale.demo import measure
-from tf_loss_scale.demo import report
+from tf_loss_scale.demo import record
 from tf_loss_scale.demo import results as results_lib
 
 
@@ -20,17 +20,8 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
           stream: TextIO) -> results_lib.RunResult:
   """Trains and evaluates one run in a fresh graph.
 
-  Args:
-    kind: One of `config.KINDS`.
-    name: The run's display name.
-    config: The demo's settings.
-    digits: The data.
-    batches: `[steps, batch_size]` training indices.
-    log_dir: Where this run's TensorBoard event files go.
-    stream: Where the progress bar is drawn.
-
-  Returns:
-    The run's `RunResult`.
+  The arguments and result are those of every API module (see
+  `tf_loss_scale.demo`).
   """
   compute_dtype = tf.float32 if kind == config_lib.FLOAT32 else tf.float16
   with tf.Graph().as_default():
@@ -39,7 +30,8 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
     with strategy.scope():
       params = _make_params(config.hidden_units, config.seed)
       global_step = tf.compat.v1.train.get_or_create_global_step()
-      optimizer = tf.compat.v1.train.MomentumOptimizer(config.learning_rate, 0.9)
+      optimizer = tf.compat.v1.train.MomentumOptimizer(
+          config.learning_rate / config.loss_weight, 0.9)
       if kind == config_lib.SCALED:
         optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
             optimizer, tf_loss_scale.DynamicLossScale(
@@ -53,14 +45,16 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
                       context.num_replicas_in_sync)
       loss = _loss(params, tf.gather(x, mine), tf.gather(y, mine),
                    compute_dtype)
-      return loss, optimizer.minimize(loss, global_step, var_list=params)
+      return loss, optimizer.minimize(config.loss_weight * loss, global_step,
+                                      var_list=params)
 
     losses, train_ops = strategy.extended.call_for_each_replica(replica_step)
     loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
     train_op = strategy.group(train_ops)
     probe = None
     if kind != config_lib.FLOAT32:
-      probe = _probe(params, digits, optimizer, compute_dtype)
+      probe = _probe(params, digits, optimizer, compute_dtype,
+                     config.loss_weight)
     x_test = tf.constant(digits.x_test)
     predictions = tf.argmax(_logits(params, x_test, compute_dtype), axis=1,
                             output_type=tf.int32)
@@ -72,41 +66,27 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
       hook = monitoring.LossScaleHook(optimizer, output_dir=log_dir,
                                       every_n_steps=1)
       hooks.append(hook)
-    writer = tf.compat.v1.summary.FileWriterCache.get(log_dir)
-    step_losses, scales, skipped = [], [], []
-    flushed = nonzero = 0
-    bar = report.ProgressBar(name, config.steps, stream)
     start = time.perf_counter()
     with tf.compat.v1.train.MonitoredTrainingSession(
         hooks=hooks, log_step_count_steps=None) as session:
+      probe_fn = None
+      if probe is not None:
+        probe_fn = lambda: _run_without_hooks(session, probe)
+      recorder = record.Recorder(name, config, log_dir, stream, probe_fn)
       for step, indices in enumerate(batches):
         _, step_loss = session.run(
             [train_op, loss],
             {x: digits.x_train[indices], y: digits.y_train[indices]})
-        step_losses.append(float(step_loss))
-        writer.add_summary(_scalar('loss', step_loss), step)
         if hooks:
           state = hooks[0].latest
-          scales.append(state[monitoring.SCALE])
-          previous = sum(skipped)
-          skipped.append(state[monitoring.SKIPPED_STEPS] > previous)
+          recorder.step(step, step_loss, state[monitoring.SCALE],
+                        state[monitoring.SKIPPED_STEPS])
         else:
-          skipped.append(False)
-        if probe is not None and (step % config.probe_every == 0 or
-                                  step == config.steps - 1):
-          step_flushed, step_nonzero = _run_without_hooks(session, probe)
-          flushed += step_flushed
-          nonzero += step_nonzero
-        bar.update(step + 1)
+          recorder.step(step, step_loss)
       wall_time = time.perf_counter() - start
       test_accuracy = float(_run_without_hooks(session, accuracy))
-    bar.close()
-    writer.flush()
-  return results_lib.RunResult(
-      name=name, losses=step_losses,
-      scales=scales if kind == config_lib.SCALED else None, skipped=skipped,
-      flushed_fraction=None if probe is None else flushed / max(nonzero, 1),
-      test_accuracy=test_accuracy, wall_time=wall_time)
+  # Out of the graph: the recorder writes its event file eagerly.
+  return recorder.finish(test_accuracy, wall_time)
 
 
 def _make_params(hidden: int, seed: int) -> List[tf.Variable]:
@@ -142,20 +122,22 @@ def _loss(params: List[tf.Variable], x: tf.Tensor, y: tf.Tensor,
 
 
 def _probe(params: List[tf.Variable], digits: data_lib.Digits,
-           optimizer: tf.compat.v1.train.Optimizer,
-           dtype: tf.DType) -> Tuple[tf.Tensor, tf.Tensor]:
-  """Flushed-gradient counts on a fixed batch, at the current weights."""
+           optimizer: tf.compat.v1.train.Optimizer, dtype: tf.DType,
+           loss_weight: float) -> List[tf.Tensor]:
+  """Fetches for `record.Probe`, on a fixed batch at the current weights."""
   x = tf.constant(digits.x_train[:512])
   y = tf.constant(digits.y_train[:512])
   scale: Optional[tf.Tensor] = None
   if isinstance(optimizer, tf_loss_scale.MixedPrecisionLossScaleOptimizer):
     scale = optimizer.loss_scale()
-  mixed_loss = _loss(params, x, y, dtype)
+  mixed_loss = loss_weight * _loss(params, x, y, dtype)
   if scale is not None:
     mixed_loss = mixed_loss * scale
-  return measure.flushed_counts(tf.gradients(mixed_loss, params),
-                                tf.gradients(_loss(params, x, y, tf.float32),
-                                             params))
+  reference_grads = tf.gradients(
+      loss_weight * _loss(params, x, y, tf.float32), params)
+  flushed, nonzero = measure.flushed_counts(tf.gradients(mixed_loss, params),
+                                            reference_grads)
+  return [flushed, nonzero, measure.flat(reference_grads)]
 
 
 def _run_without_hooks(session: tf.compat.v1.train.MonitoredSession,
@@ -163,8 +145,3 @@ def _run_without_hooks(session: tf.compat.v1.train.MonitoredSession,
   # Probes and evaluation are not training steps: the hooks must not see them.
   return session.run_step_fn(
       lambda step_context: step_context.session.run(fetches))
-
-
-def _scalar(tag: str, value: float) -> tf.compat.v1.Summary:
-  return tf.compat.v1.Summary(
-      value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=float(value))])
