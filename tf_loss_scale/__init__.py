@@ -6,7 +6,8 @@ Public API:
   LossScaleCollapseError: raised when a DynamicLossScale told to raise
     collapses.
   MixedPrecisionLossScaleOptimizer: the `tf.compat.v1` optimizer wrapper.
-Modules, imported on first use so that `import tf_loss_scale` loads no Keras:
+Modules (every name here is imported on first use, so that `import
+tf_loss_scale` loads neither TensorFlow nor Keras until they are needed):
   keras: the Keras `LossScaleOptimizer`s (`keras.experimental` for TF 2.0-2.3
     code).
   monitoring: TensorBoard summaries, a Keras callback and a v1 hook.
@@ -15,18 +16,22 @@ Modules, imported on first use so that `import tf_loss_scale` loads no Keras:
 """
 
 from tf_loss_scale import lazy as _lazy
-from tf_loss_scale.loss_scale import DynamicLossScale
-from tf_loss_scale.loss_scale import FixedLossScale
-from tf_loss_scale.loss_scale import LossScale
-from tf_loss_scale.loss_scale import LossScaleCollapseError
-from tf_loss_scale.loss_scale import deserialize
-from tf_loss_scale.loss_scale import get
-from tf_loss_scale.loss_scale import serialize
-from tf_loss_scale.optimizer_v1 import MixedPrecisionLossScaleOptimizer
 
+_CORE = {
+    'loss_scale': ('DynamicLossScale', 'FixedLossScale', 'LossScale',
+                   'LossScaleCollapseError', 'deserialize', 'get',
+                   'serialize'),
+    'optimizer_v1': ('MixedPrecisionLossScaleOptimizer',),
+}
+
+# Every public name is imported on first use, the core classes included, so
+# that `python -m tf_loss_scale` can route TensorFlow's start-up log lines
+# before TensorFlow loads.
 __getattr__, __dir__ = _lazy.attributes(__name__, {
-    module: (f'{__name__}.{module}', None)
-    for module in ('compat', 'inspect_checkpoint', 'keras', 'monitoring')
+    **{name: (f'{__name__}.{module}', name)
+       for module, names in _CORE.items() for name in names},
+    **{module: (f'{__name__}.{module}', None)
+       for module in ('compat', 'inspect_checkpoint', 'keras', 'monitoring')},
 }, globals())
 
 __all__ = [

@@ -80,7 +80,8 @@ def make_probe(kind: str, model: keras.Model, config: config_lib.DemoConfig,
   x = tf.constant(digits.x_train[:_PROBE_EXAMPLES])
   y = tf.constant(digits.y_train[:_PROBE_EXAMPLES])
   loss_fn = keras.losses.SparseCategoricalCrossentropy()
-  scale_of = getattr(optimizer, 'loss_scale', None)
+  # Probes run after training steps, once the optimizer holds its state.
+  scaled = kind == config_lib.SCALED
 
   @tf.function
   def grads_of_both(scale):
@@ -96,7 +97,8 @@ def make_probe(kind: str, model: keras.Model, config: config_lib.DemoConfig,
 
   def probe():
     reference.set_weights(model.get_weights())
-    scale = tf.constant(1.0) if scale_of is None else scale_of()
+    scale = (monitoring.state_tensors(optimizer)[monitoring.SCALE]
+             if scaled else tf.constant(1.0))
     flushed, nonzero, values = grads_of_both(scale)
     return int(flushed), int(nonzero), values.numpy()
 
