@@ -1,0 +1,102 @@
+"""A run killed with SIGKILL and restarted ends where an unbroken run ends.
+
+`tests/workers/kill_and_resume.py` trains three front ends for 6 steps
+(step 4 overflows and is skipped), checkpointing after every step: a TF1
+`MonitoredTrainingSession` with a `Saver` and the v1 optimizer, a custom loop
+with a `tf.train.CheckpointManager` and the experimental Keras wrapper, and
+`model.fit` with `BackupAndRestore` and the Keras 3 form. The process kills
+itself at chosen steps, right after that step's checkpoint is written (so
+the kills are deterministic), and is started again until it finishes. Every
+variable must then equal, bit for bit, that of a run never killed.
+"""
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+_WORKER = os.path.join(os.path.dirname(__file__), 'workers',
+                       'kill_and_resume.py')
+_FRONT_ENDS = ('tf1', 'experimental', 'keras_fit')
+# Kills after step 4 (the skipped one) everywhere, and after step 2 (scale
+# 16 with one good step, both unlike a fresh start) in the TF1 loop.
+_KILLS = {'tf1': [2, 4], 'experimental': [4], 'keras_fit': [4]}
+_TIMEOUT = 240
+# After 6 steps of which step 4 was skipped: scale 8 -> 16 -> 32, halved by
+# the overflow to 16, then one good step. TF1's global_step and Keras 3's
+# iterations count applied steps; TF 2.3's iterations count every step.
+_EXPECTED = {
+    'tf1': {'current_loss_scale': 16.0, 'good_steps': 1, 'global_step': 5,
+            'data_step': 6},
+    'experimental': {'optimizer/0/current_loss_scale:0': 16.0,
+                     'optimizer/1/good_steps:0': 1,
+                     'optimizer/2/iteration': 6, 'data_step': 6},
+    'keras_fit': {'optimizer/0/current_loss_scale:0': 16.0,
+                  'optimizer/1/good_steps:0': 1,
+                  'optimizer/2/iteration': 5},
+}
+
+
+def _run(directory, kills):
+  result = subprocess.run(
+      [sys.executable, _WORKER, str(directory), json.dumps(kills)],
+      capture_output=True, text=True, timeout=_TIMEOUT,
+      env=dict(os.environ, CUDA_VISIBLE_DEVICES=''))
+  finals = {}
+  for line in result.stdout.splitlines():
+    if line.startswith('{'):
+      record = json.loads(line)
+      finals[record['front_end']] = record['final']
+  return result.returncode, result.stderr, finals
+
+
+def _run_until_done(directory):
+  """Restarts the killed run until it finishes; returns its exit codes."""
+  codes = []
+  for _ in range(sum(len(k) for k in _KILLS.values()) + 1):
+    code, stderr, finals = _run(directory, _KILLS)
+    codes.append(code)
+    if code != -signal.SIGKILL:
+      assert code == 0, f'run {len(codes)} failed:\n{stderr[-3000:]}'
+      return codes, finals
+  raise AssertionError(f'still killed after {len(codes)} runs: {codes}')
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """The final states of an unbroken run and of a killed-and-resumed one."""
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    unbroken = pool.submit(_run, tmp_path_factory.mktemp('unbroken'), {})
+    killed = pool.submit(_run_until_done, tmp_path_factory.mktemp('killed'))
+    code, stderr, unbroken_finals = unbroken.result()
+    assert code == 0, f'the unbroken run failed:\n{stderr[-3000:]}'
+    codes, resumed_finals = killed.result()
+  return {'codes': codes, 'unbroken': unbroken_finals,
+          'resumed': resumed_finals}
+
+
+@pytest.mark.slow
+def test_every_planned_kill_happened_and_the_last_run_finished(runs):
+  kills = sum(len(k) for k in _KILLS.values())
+  assert runs['codes'] == [-signal.SIGKILL] * kills + [0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('front_end', _FRONT_ENDS)
+def test_resumed_run_ends_bit_for_bit_like_an_unbroken_one(runs, front_end):
+  unbroken = runs['unbroken'][front_end]
+  resumed = runs['resumed'][front_end]
+  for name, value in _EXPECTED[front_end].items():
+    assert unbroken[name]['value'] == value, (
+        f'{front_end}, unbroken run: {name} is {unbroken[name]["value"]}, '
+        f'expected {value}')
+  assert sorted(resumed) == sorted(unbroken), f'{front_end}: other variables'
+  for name, expected in unbroken.items():
+    assert resumed[name]['hex'] == expected['hex'], (
+        f'{front_end}, killed after steps {_KILLS[front_end]} and resumed: '
+        f'{name} is {resumed[name]["value"]}, the unbroken run has '
+        f'{expected["value"]} (bit for bit)')
