@@ -50,7 +50,9 @@ def _run(directory, kills):
   for line in result.stdout.splitlines():
     if line.startswith('{'):
       record = json.loads(line)
-      finals[record['front_end']] = record['final']
+      # One copy of each variable (no strategy): {name: {'hex', 'value'}}.
+      finals[record['front_end']] = {
+          name: copies[0] for name, copies in record['final'].items()}
   return result.returncode, result.stderr, finals
 
 

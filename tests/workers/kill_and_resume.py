@@ -27,9 +27,9 @@ import sys
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import keras  # pylint: disable=g-import-not-at-top
-import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+import toy_training as toy  # pylint: disable=g-import-not-at-top
 import tf_loss_scale  # pylint: disable=g-import-not-at-top
 from tf_loss_scale import keras as tls_keras  # pylint: disable=g-import-not-at-top
 
@@ -39,26 +39,11 @@ STEPS, OVERFLOW_STEP, ROWS = 6, 4, 2
 # Scale 8, doubling after 2 finite steps: 8 16 16 32, halved to 16 by the
 # overflow, then 16: restored state differs from a fresh one at every step.
 INITIAL_SCALE, GROWTH_STEPS = 8.0, 2
-LEARNING_RATE, MOMENTUM = 0.1, 0.9
-KERNEL = [[0.5, -0.25], [0.125, 0.75], [-0.5, 0.25]]
-BIAS = [0.0625, -0.125]
-
-
-def _data():
-  """Inputs and targets per step: [step, row, feature]."""
-  cells = np.arange(STEPS * ROWS * 3, dtype=np.float32)
-  x = ((cells * 7) % 11 - 5).reshape(STEPS, ROWS, 3) / 8
-  y = ((cells[:STEPS * ROWS * 2] * 5) % 7 - 3).reshape(STEPS, ROWS, 2) / 4
-  x[OVERFLOW_STEP] *= 1e30
-  return x.astype(np.float32), y.astype(np.float32)
-
-
-X, Y = _data()
+X, Y = (a[:, 0] for a in toy.data(STEPS, 1, ROWS, (OVERFLOW_STEP, 0)))
 
 
 def _loss(kernel, bias, x, y):
-  error = tf.matmul(x, kernel) + bias - y
-  return tf.reduce_mean(error * error)
+  return toy.squared_error(kernel, bias, x, y, float(ROWS * 2))
 
 
 def _kill_after(front_end, step):
@@ -69,10 +54,8 @@ def _kill_after(front_end, step):
 
 
 def _print_final(front_end, values):
-  print(json.dumps({'front_end': front_end, 'final': {
-      name: {'hex': np.asarray(v).tobytes().hex(),
-             'value': np.asarray(v).tolist()} for name, v in values.items()
-  }}), flush=True)
+  print(json.dumps({'front_end': front_end, 'final': toy.record(
+      {name: [v] for name, v in values.items()})}), flush=True)
 
 
 def _directory(front_end):
@@ -89,10 +72,10 @@ def run_tf1():
     # Counts every step, skipped or not (global_step counts applied ones).
     data_step = tf.compat.v1.Variable(0, dtype=tf.int64, trainable=False,
                                       name='data_step')
-    kernel = tf.compat.v1.Variable(KERNEL, name='kernel')
-    bias = tf.compat.v1.Variable(BIAS, name='bias')
+    kernel = tf.compat.v1.Variable(toy.KERNEL, name='kernel')
+    bias = tf.compat.v1.Variable(toy.BIAS, name='bias')
     optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
-        tf.compat.v1.train.MomentumOptimizer(LEARNING_RATE, MOMENTUM),
+        tf.compat.v1.train.MomentumOptimizer(toy.LEARNING_RATE, toy.MOMENTUM),
         tf_loss_scale.DynamicLossScale(initial_loss_scale=INITIAL_SCALE,
                                        increment_period=GROWTH_STEPS))
     loss = _loss(kernel, bias, tf.gather(X, data_step),
@@ -127,10 +110,10 @@ def run_tf1():
 
 def run_experimental():
   """The TF 2.3 wrapper in a custom loop, with a CheckpointManager."""
-  kernel, bias = keras.Variable(KERNEL), keras.Variable(BIAS)
+  kernel, bias = keras.Variable(toy.KERNEL), keras.Variable(toy.BIAS)
   data_step = tf.Variable(0, dtype=tf.int64)
   optimizer = tls_keras.experimental.LossScaleOptimizer(
-      keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
+      keras.optimizers.SGD(toy.LEARNING_RATE, momentum=toy.MOMENTUM),
       tf_loss_scale.DynamicLossScale(initial_loss_scale=INITIAL_SCALE,
                                      increment_period=GROWTH_STEPS))
   optimizer.build([kernel, bias])
@@ -155,8 +138,7 @@ def run_experimental():
     _kill_after('experimental', step)
   _print_final('experimental', {
       'kernel': kernel, 'bias': bias, 'data_step': data_step,
-      **{f'optimizer/{i}/{v.name}': v
-         for i, v in enumerate(optimizer.variables)}})
+      **toy.optimizer_variables(optimizer)})
 
 
 class _StepInput(keras.layers.Layer):
@@ -178,15 +160,8 @@ class _StepInput(keras.layers.Layer):
 def run_keras_fit():
   """The Keras 3 form in model.fit, with BackupAndRestore."""
   step_input = _StepInput()
-  model = keras.Sequential([
-      keras.Input((3,)), step_input,
-      keras.layers.Dense(
-          2, kernel_initializer=keras.initializers.Constant(KERNEL),
-          bias_initializer=keras.initializers.Constant(BIAS)),
-  ])
-  optimizer = tls_keras.LossScaleOptimizer(
-      keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
-      initial_scale=INITIAL_SCALE, dynamic_growth_steps=GROWTH_STEPS)
+  model = toy.keras_model(step_input)
+  optimizer = toy.keras_form(INITIAL_SCALE, GROWTH_STEPS)
   model.compile(optimizer=optimizer, loss='mean_squared_error')
   factors = [1.0, 0.5, -1.0, 2.0, 1e30, 0.25]
 
@@ -205,8 +180,7 @@ def run_keras_fit():
             verbose=0, callbacks=[backup, StepData()])
   _print_final('keras_fit', {
       **{f'model/{v.path}': v for v in model.variables},
-      **{f'optimizer/{i}/{v.name}': v
-         for i, v in enumerate(optimizer.variables)}})
+      **toy.optimizer_variables(optimizer)})
 
 
 run_tf1()

@@ -36,15 +36,13 @@ import keras  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+import toy_training as toy  # pylint: disable=g-import-not-at-top
 import tf_loss_scale  # pylint: disable=g-import-not-at-top
 from tf_loss_scale import keras as tls_keras  # pylint: disable=g-import-not-at-top
 
 ROWS = 2          # rows per replica per step
 INITIAL_SCALE = 16.0
 GROWTH_STEPS = 2
-LEARNING_RATE, MOMENTUM = 0.1, 0.9
-KERNEL = [[0.5, -0.25], [0.125, 0.75], [-0.5, 0.25]]
-BIAS = [0.0625, -0.125]
 
 if CONFIG['ports']:
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -56,158 +54,127 @@ else:
       [f'/cpu:{i}' for i in range(CONFIG['local_replicas'])])
 REPLICAS = strategy.num_replicas_in_sync
 STEPS = CONFIG['steps']
+X, Y = toy.data(STEPS, REPLICAS, ROWS, CONFIG['overflow'])
 
 
-def _data():
-  """Inputs and targets, [step, global replica, row, feature]."""
-  cells = np.arange(STEPS * REPLICAS * ROWS * 3, dtype=np.float32)
-  x = ((cells * 7) % 11 - 5).reshape(STEPS, REPLICAS, ROWS, 3) / 8
-  y = ((cells[:STEPS * REPLICAS * ROWS * 2] * 5) % 7 - 3).reshape(
-      STEPS, REPLICAS, ROWS, 2) / 4
-  step, replica = CONFIG['overflow']
-  x[step, replica] *= 1e30
-  return x.astype(np.float32), y.astype(np.float32)
+def _loss(kernel, bias, step):
+  """This replica's share of the global mean loss of `step`.
 
-
-X, Y = _data()
-
-
-def _replica_batch(step):
-  """This replica's rows of `step` (a tensor), inside strategy.run."""
+  Called inside strategy.run: the all-reduced sum of the replicas'
+  gradients is then the gradient of the mean over the global batch.
+  """
   replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-  return tf.gather(X[:, :, :, :], step)[replica], tf.gather(Y, step)[replica]
-
-
-def _loss(kernel, bias, x, y):
-  # Each replica's share of the global mean, so the all-reduced sum of the
-  # gradients is the gradient of the mean over the global batch.
-  error = tf.matmul(x, kernel) + bias - y
-  return tf.reduce_sum(error * error) / float(ROWS * REPLICAS * 2)
-
-
-def _bytes_and_value(variable):
-  copies = strategy.experimental_local_results(variable)
-  return [{'hex': np.asarray(c).tobytes().hex(),
-           'value': np.asarray(c).tolist()} for c in copies]
-
-
-def _fingerprint(variables):
-  return ''.join(np.asarray(v).tobytes().hex() for v in variables)
-
-
-def _record(name, per_step, variables):
-  print(json.dumps({
-      'front_end': name,
-      'steps': per_step,
-      'final': {label: _bytes_and_value(v) for label, v in variables.items()},
-  }), flush=True)
+  x, y = tf.gather(X, step)[replica], tf.gather(Y, step)[replica]
+  return toy.squared_error(kernel, bias, x, y, float(ROWS * REPLICAS * 2))
 
 
 def _step_record(scale, good_steps, weights):
   return {'scale': float(np.asarray(scale)),
           'good_steps': int(np.asarray(good_steps)),
-          'weights': _fingerprint(weights)}
+          'weights': ''.join(np.asarray(w).tobytes().hex() for w in weights)}
+
+
+def _print(name, per_step, final_variables):
+  print(json.dumps({
+      'front_end': name,
+      'steps': per_step,
+      'final': toy.record({
+          label: strategy.experimental_local_results(v)
+          for label, v in final_variables.items()}),
+  }), flush=True)
+
+
+def _train(name, replica_step, scale_and_good_steps, weights, final):
+  """Runs `replica_step(step)` in strategy.run in a tf.function, STEPS times.
+
+  Args:
+    name: The front end's name.
+    replica_step: One replica's step.
+    scale_and_good_steps: Returns the loss scale and good steps to record.
+    weights: The model variables, fingerprinted after every step.
+    final: Returns {label: variable} to record at the end.
+  """
+  train_step = tf.function(
+      lambda step: strategy.run(replica_step, args=(step,)))
+  per_step = []
+  for step in range(STEPS):
+    train_step(tf.constant(step))
+    per_step.append(_step_record(*scale_and_good_steps(), weights))
+  _print(name, per_step, final())
+
+
+def _loss_scale():
+  return tf_loss_scale.DynamicLossScale(initial_loss_scale=INITIAL_SCALE,
+                                        increment_period=GROWTH_STEPS)
 
 
 def run_v1():
   """MixedPrecisionLossScaleOptimizer inside strategy.run in a tf.function."""
   with strategy.scope():
-    kernel, bias = tf.Variable(KERNEL), tf.Variable(BIAS)
+    kernel, bias = tf.Variable(toy.KERNEL), tf.Variable(toy.BIAS)
     global_step = tf.Variable(0, dtype=tf.int64, name='global_step')
     optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
-        tf.compat.v1.train.MomentumOptimizer(LEARNING_RATE, MOMENTUM),
-        tf_loss_scale.DynamicLossScale(initial_loss_scale=INITIAL_SCALE,
-                                       increment_period=GROWTH_STEPS))
+        tf.compat.v1.train.MomentumOptimizer(toy.LEARNING_RATE, toy.MOMENTUM),
+        _loss_scale())
 
-  @tf.function
-  def train_step(step):
-    def replica_step():
-      x, y = _replica_batch(step)
-      grads_and_vars = optimizer.compute_gradients(
-          lambda: _loss(kernel, bias, x, y), [kernel, bias])
-      optimizer.apply_gradients(grads_and_vars, global_step)
-    strategy.run(replica_step)
+  def replica_step(step):
+    grads_and_vars = optimizer.compute_gradients(
+        lambda: _loss(kernel, bias, step), [kernel, bias])
+    optimizer.apply_gradients(grads_and_vars, global_step)
 
-  per_step = []
-  for step in range(STEPS):
-    train_step(tf.constant(step))
-    per_step.append(_step_record(optimizer.loss_scale(),
-                                 optimizer.loss_scale.good_steps,
-                                 [kernel, bias]))
-  _record('v1', per_step, {
-      'kernel': kernel, 'bias': bias,
-      'kernel/momentum': optimizer.get_slot(kernel, 'momentum'),
-      'bias/momentum': optimizer.get_slot(bias, 'momentum'),
-      'current_loss_scale': optimizer.loss_scale.variables[0],
-      'good_steps': optimizer.loss_scale.good_steps,
-      'global_step': global_step,
-  })
+  loss_scale = optimizer.loss_scale
+  _train('v1', replica_step, lambda: (loss_scale(), loss_scale.good_steps),
+         [kernel, bias], lambda: {
+             'kernel': kernel, 'bias': bias,
+             'kernel/momentum': optimizer.get_slot(kernel, 'momentum'),
+             'bias/momentum': optimizer.get_slot(bias, 'momentum'),
+             'current_loss_scale': loss_scale.variables[0],
+             'good_steps': loss_scale.good_steps,
+             'global_step': global_step,
+         })
 
 
 def run_experimental():
   """The TF 2.3 Keras wrapper in a custom loop, as TF 2.3 code wrote it."""
   with strategy.scope():
-    kernel, bias = keras.Variable(KERNEL), keras.Variable(BIAS)
+    kernel, bias = keras.Variable(toy.KERNEL), keras.Variable(toy.BIAS)
     optimizer = tls_keras.experimental.LossScaleOptimizer(
-        keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
-        tf_loss_scale.DynamicLossScale(initial_loss_scale=INITIAL_SCALE,
-                                       increment_period=GROWTH_STEPS))
+        keras.optimizers.SGD(toy.LEARNING_RATE, momentum=toy.MOMENTUM),
+        _loss_scale())
     optimizer.build([kernel, bias])
 
-  @tf.function
-  def train_step(step):
-    def replica_step():
-      x, y = _replica_batch(step)
-      with tf.GradientTape() as tape:
-        loss = _loss(kernel, bias, x, y)
-        scaled_loss = optimizer.get_scaled_loss(loss)
-      scaled_grads = tape.gradient(scaled_loss, [kernel, bias])
-      grads = optimizer.get_unscaled_gradients(scaled_grads)
-      optimizer.apply_gradients(zip(grads, [kernel, bias]))
-    strategy.run(replica_step)
+  def replica_step(step):
+    with tf.GradientTape() as tape:
+      scaled_loss = optimizer.get_scaled_loss(_loss(kernel, bias, step))
+    scaled_grads = tape.gradient(scaled_loss, [kernel, bias])
+    grads = optimizer.get_unscaled_gradients(scaled_grads)
+    optimizer.apply_gradients(zip(grads, [kernel, bias]))
 
-  per_step = []
-  for step in range(STEPS):
-    train_step(tf.constant(step))
-    per_step.append(_step_record(optimizer.loss_scale(),
-                                 optimizer.loss_scale.good_steps,
-                                 [kernel, bias]))
-  _record('experimental', per_step, {
-      'kernel': kernel, 'bias': bias,
-      **{f'optimizer/{i}/{v.name}': v for i, v in
-         enumerate(optimizer.variables)},
-  })
+  loss_scale = optimizer.loss_scale
+  _train('experimental', replica_step,
+         lambda: (loss_scale(), loss_scale.good_steps), [kernel, bias],
+         lambda: {'kernel': kernel, 'bias': bias,
+                  **toy.optimizer_variables(optimizer)})
 
 
 def run_keras():
   """The Keras 3 form in a custom loop: scale_loss, then apply."""
   with strategy.scope():
-    kernel, bias = keras.Variable(KERNEL), keras.Variable(BIAS)
-    optimizer = tls_keras.LossScaleOptimizer(
-        keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
-        initial_scale=INITIAL_SCALE, dynamic_growth_steps=GROWTH_STEPS)
+    kernel, bias = keras.Variable(toy.KERNEL), keras.Variable(toy.BIAS)
+    optimizer = toy.keras_form(INITIAL_SCALE, GROWTH_STEPS)
     optimizer.build([kernel, bias])
 
-  @tf.function
-  def train_step(step):
-    def replica_step():
-      x, y = _replica_batch(step)
-      with tf.GradientTape() as tape:
-        scaled_loss = optimizer.scale_loss(_loss(kernel, bias, x, y))
-      optimizer.apply(tape.gradient(scaled_loss, [kernel, bias]),
-                      [kernel, bias])
-    strategy.run(replica_step)
+  def replica_step(step):
+    with tf.GradientTape() as tape:
+      scaled_loss = optimizer.scale_loss(_loss(kernel, bias, step))
+    optimizer.apply(tape.gradient(scaled_loss, [kernel, bias]),
+                    [kernel, bias])
 
-  per_step = []
-  for step in range(STEPS):
-    train_step(tf.constant(step))
-    per_step.append(_step_record(optimizer.dynamic_scale,
-                                 optimizer.step_counter, [kernel, bias]))
-  _record('keras', per_step, {
-      'kernel': kernel, 'bias': bias,
-      **{f'optimizer/{i}/{v.name}': v for i, v in
-         enumerate(optimizer.variables)},
-  })
+  _train('keras', replica_step,
+         lambda: (optimizer.dynamic_scale, optimizer.step_counter),
+         [kernel, bias],
+         lambda: {'kernel': kernel, 'bias': bias,
+                  **toy.optimizer_variables(optimizer)})
 
 
 def run_keras_fit():
@@ -217,15 +184,8 @@ def run_keras_fit():
   MultiWorkerMirroredStrategy (keras-team/keras#20585).
   """
   with strategy.scope():
-    model = keras.Sequential([
-        keras.Input((3,)),
-        keras.layers.Dense(
-            2, kernel_initializer=keras.initializers.Constant(KERNEL),
-            bias_initializer=keras.initializers.Constant(BIAS)),
-    ])
-    optimizer = tls_keras.LossScaleOptimizer(
-        keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
-        initial_scale=INITIAL_SCALE, dynamic_growth_steps=GROWTH_STEPS)
+    model = toy.keras_model()
+    optimizer = toy.keras_form(INITIAL_SCALE, GROWTH_STEPS)
     model.compile(optimizer=optimizer, loss='mean_squared_error')
 
   def dataset_fn(context):
@@ -248,11 +208,9 @@ def run_keras_fit():
 
   model.fit(strategy.distribute_datasets_from_function(dataset_fn),
             epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=[Record()])
-  _record('keras_fit', per_step, {
+  _print('keras_fit', per_step, {
       **{f'model/{v.path}': v for v in model.variables},
-      **{f'optimizer/{i}/{v.name}': v for i, v in
-         enumerate(optimizer.variables)},
-  })
+      **toy.optimizer_variables(optimizer)})
 
 
 for front_end in CONFIG['front_ends']:
