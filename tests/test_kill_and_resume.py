@@ -46,25 +46,35 @@ def _run(directory, kills):
       [sys.executable, _WORKER, str(directory), json.dumps(kills)],
       capture_output=True, text=True, timeout=_TIMEOUT,
       env=dict(os.environ, CUDA_VISIBLE_DEVICES=''))
-  finals = {}
+  finals, ran = {}, {front_end: [] for front_end in _FRONT_ENDS}
   for line in result.stdout.splitlines():
-    if line.startswith('{'):
-      record = json.loads(line)
+    if not line.startswith('{'):
+      continue
+    record = json.loads(line)
+    if 'ran' in record:
+      ran[record['front_end']].append(record['ran'])
+    else:
       # One copy of each variable (no strategy): {name: {'hex', 'value'}}.
       finals[record['front_end']] = {
           name: copies[0] for name, copies in record['final'].items()}
-  return result.returncode, result.stderr, finals
+  return result.returncode, result.stderr, finals, ran
 
 
 def _run_until_done(directory):
-  """Restarts the killed run until it finishes; returns its exit codes."""
-  codes = []
+  """Restarts the killed run until it finishes.
+
+  Returns:
+    The exit codes, the last run's final states, and for each process the
+    steps it ran, front end by front end.
+  """
+  codes, ran = [], []
   for _ in range(sum(len(k) for k in _KILLS.values()) + 1):
-    code, stderr, finals = _run(directory, _KILLS)
+    code, stderr, finals, ran_here = _run(directory, _KILLS)
     codes.append(code)
+    ran.append(ran_here)
     if code != -signal.SIGKILL:
       assert code == 0, f'run {len(codes)} failed:\n{stderr[-3000:]}'
-      return codes, finals
+      return codes, finals, ran
   raise AssertionError(f'still killed after {len(codes)} runs: {codes}')
 
 
@@ -74,10 +84,10 @@ def runs(tmp_path_factory):
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     unbroken = pool.submit(_run, tmp_path_factory.mktemp('unbroken'), {})
     killed = pool.submit(_run_until_done, tmp_path_factory.mktemp('killed'))
-    code, stderr, unbroken_finals = unbroken.result()
+    code, stderr, unbroken_finals, _ = unbroken.result()
     assert code == 0, f'the unbroken run failed:\n{stderr[-3000:]}'
-    codes, resumed_finals = killed.result()
-  return {'codes': codes, 'unbroken': unbroken_finals,
+    codes, resumed_finals, ran = killed.result()
+  return {'codes': codes, 'ran': ran, 'unbroken': unbroken_finals,
           'resumed': resumed_finals}
 
 
@@ -85,6 +95,22 @@ def runs(tmp_path_factory):
 def test_every_planned_kill_happened_and_the_last_run_finished(runs):
   kills = sum(len(k) for k in _KILLS.values())
   assert runs['codes'] == [-signal.SIGKILL] * kills + [0]
+
+
+@pytest.mark.slow
+def test_each_restart_resumes_after_the_last_checkpoint(runs):
+  # Every step ran exactly once over all the processes: a restart neither
+  # trained from the beginning again nor left a step out.
+  expected = [
+      {'tf1': [0, 1, 2], 'experimental': [], 'keras_fit': []},
+      {'tf1': [3, 4], 'experimental': [], 'keras_fit': []},
+      {'tf1': [5], 'experimental': [0, 1, 2, 3, 4], 'keras_fit': []},
+      {'tf1': [], 'experimental': [5], 'keras_fit': [0, 1, 2, 3, 4]},
+      {'tf1': [], 'experimental': [], 'keras_fit': [5]},
+  ]
+  for process, (ran, planned) in enumerate(zip(runs['ran'], expected)):
+    assert ran == planned, f'process {process + 1} ran {ran}'
+  assert len(runs['ran']) == len(expected), runs['ran']
 
 
 @pytest.mark.slow

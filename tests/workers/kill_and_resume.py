@@ -14,9 +14,11 @@ checkpoint there when started again:
 KILLS_JSON maps a front end to the steps after which the process kills
 itself with SIGKILL, once that step's checkpoint is written; a kill only
 fires in a process that ran the step itself, so a restarted run goes on.
-Step 4 overflows (its input is multiplied by 1e30) and is skipped. Each front
-end that finishes prints one JSON line: `front_end` and `final`, from each
-variable's name to its bytes (hex) and its value.
+Step 4 overflows (its input is multiplied by 1e30) and is skipped. After
+each step is checkpointed the process prints a JSON line with `front_end`
+and `ran` (the step); each front end that finishes prints one with
+`front_end` and `final`, from each variable's name to its bytes (hex) and
+its value.
 """
 
 import json
@@ -46,10 +48,13 @@ def _loss(kernel, bias, x, y):
   return toy.squared_error(kernel, bias, x, y, float(ROWS * 2))
 
 
-def _kill_after(front_end, step):
-  """Dies at once, as a machine failure would, if told to after `step`."""
+def _step_done(front_end, step):
+  """Says that `step` ran and is checkpointed; dies there if told to.
+
+  The kill is a SIGKILL, as a machine failure would be: no handler runs.
+  """
+  print(json.dumps({'front_end': front_end, 'ran': step}), flush=True)
   if step in KILLS.get(front_end, []):
-    sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -93,7 +98,7 @@ def run_tf1():
         done = run_context.session.run(data_step)
         saver.save(run_context.session, os.path.join(directory, 'model'),
                    global_step=done)
-        _kill_after('tf1', done - 1)
+        _step_done('tf1', int(done) - 1)
 
     with tf.compat.v1.train.MonitoredTrainingSession(
         checkpoint_dir=directory,
@@ -135,7 +140,7 @@ def run_experimental():
     train_step(X[step], Y[step])
     data_step.assign_add(1)
     manager.save()
-    _kill_after('experimental', step)
+    _step_done('experimental', step)
   _print_final('experimental', {
       'kernel': kernel, 'bias': bias, 'data_step': data_step,
       **toy.optimizer_variables(optimizer)})
@@ -172,7 +177,7 @@ def run_keras_fit():
 
     def on_epoch_end(self, epoch, logs=None):
       # After BackupAndRestore (listed first) has saved this epoch.
-      _kill_after('keras_fit', epoch)
+      _step_done('keras_fit', epoch)
 
   backup = keras.callbacks.BackupAndRestore(_directory('keras_fit'),
                                             delete_checkpoint=False)
