@@ -28,7 +28,7 @@ _PARAMETER_SERVER = os.path.join(os.path.dirname(__file__), 'workers',
 _FRONT_ENDS = ('v1', 'experimental', 'keras')
 _STEPS = 5
 _OVERFLOW_STEP = 2
-_TIMEOUT = 300
+_TIMEOUT = 480  # all layouts together; a hang is what it bounds
 
 # layout -> (workers, replicas per worker, global replica that overflows,
 # front ends).
