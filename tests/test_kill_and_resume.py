@@ -32,12 +32,9 @@ _TIMEOUT = 240
 _EXPECTED = {
     'tf1': {'current_loss_scale': 16.0, 'good_steps': 1, 'global_step': 5,
             'data_step': 6},
-    'experimental': {'optimizer/0/current_loss_scale:0': 16.0,
-                     'optimizer/1/good_steps:0': 1,
-                     'optimizer/2/iteration': 6, 'data_step': 6},
-    'keras_fit': {'optimizer/0/current_loss_scale:0': 16.0,
-                  'optimizer/1/good_steps:0': 1,
-                  'optimizer/2/iteration': 5},
+    'experimental': {'loss_scale': 16.0, 'good_steps': 1, 'iterations': 6,
+                     'data_step': 6},
+    'keras_fit': {'loss_scale': 16.0, 'good_steps': 1, 'iterations': 5},
 }
 
 

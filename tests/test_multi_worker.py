@@ -45,9 +45,9 @@ _GOOD_STEPS = [1, 0, 0, 1, 0]
 # The step counters after 5 steps, one of them skipped: TF1's global_step and
 # Keras 3's iterations count applied steps, TF 2.3's iterations every step.
 _STEP_COUNTERS = {'v1': ('global_step', 4),
-                  'experimental': ('optimizer/2/iteration', 5),
-                  'keras': ('optimizer/2/iteration', 4),
-                  'keras_fit': ('optimizer/2/iteration', 4)}
+                  'experimental': ('iterations', 5),
+                  'keras': ('iterations', 4),
+                  'keras_fit': ('iterations', 4)}
 
 
 def _run_layout(layout):

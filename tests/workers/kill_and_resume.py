@@ -143,7 +143,7 @@ def run_experimental():
     _step_done('experimental', step)
   _print_final('experimental', {
       'kernel': kernel, 'bias': bias, 'data_step': data_step,
-      **toy.optimizer_variables(optimizer)})
+      **toy.keras_optimizer_state(optimizer)})
 
 
 class _StepInput(keras.layers.Layer):
@@ -185,7 +185,7 @@ def run_keras_fit():
             verbose=0, callbacks=[backup, StepData()])
   _print_final('keras_fit', {
       **{f'model/{v.path}': v for v in model.variables},
-      **toy.optimizer_variables(optimizer)})
+      **toy.keras_optimizer_state(optimizer)})
 
 
 run_tf1()

@@ -128,7 +128,7 @@ def run_v1():
              'kernel': kernel, 'bias': bias,
              'kernel/momentum': optimizer.get_slot(kernel, 'momentum'),
              'bias/momentum': optimizer.get_slot(bias, 'momentum'),
-             'current_loss_scale': loss_scale.variables[0],
+             'loss_scale': loss_scale(),
              'good_steps': loss_scale.good_steps,
              'global_step': global_step,
          })
@@ -154,7 +154,7 @@ def run_experimental():
   _train('experimental', replica_step,
          lambda: (loss_scale(), loss_scale.good_steps), [kernel, bias],
          lambda: {'kernel': kernel, 'bias': bias,
-                  **toy.optimizer_variables(optimizer)})
+                  **toy.keras_optimizer_state(optimizer)})
 
 
 def run_keras():
@@ -174,7 +174,7 @@ def run_keras():
          lambda: (optimizer.dynamic_scale, optimizer.step_counter),
          [kernel, bias],
          lambda: {'kernel': kernel, 'bias': bias,
-                  **toy.optimizer_variables(optimizer)})
+                  **toy.keras_optimizer_state(optimizer)})
 
 
 def run_keras_fit():
@@ -210,7 +210,7 @@ def run_keras_fit():
             epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=[Record()])
   _print('keras_fit', per_step, {
       **{f'model/{v.path}': v for v in model.variables},
-      **toy.optimizer_variables(optimizer)})
+      **toy.keras_optimizer_state(optimizer)})
 
 
 for front_end in CONFIG['front_ends']:

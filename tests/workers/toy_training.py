@@ -72,7 +72,17 @@ def record(copies_by_name: Dict[str, Sequence[Any]]) -> Dict[str, Any]:
           for name, copies in copies_by_name.items()}
 
 
-def optimizer_variables(optimizer: Any) -> Dict[str, Any]:
-  """A Keras optimizer's variables, named by position and name."""
-  return {f'optimizer/{i}/{v.name}': v
-          for i, v in enumerate(optimizer.variables)}
+def keras_optimizer_state(optimizer: Any) -> Dict[str, Any]:
+  """A Keras loss scale optimizer's state, through its public API.
+
+  The loss scale, good steps and iterations under names of their own (for
+  checks of expected values), and every variable by position and name.
+  """
+  if hasattr(optimizer, 'dynamic_scale'):  # The Keras 3 form.
+    scale, good_steps = optimizer.dynamic_scale, optimizer.step_counter
+  else:
+    scale, good_steps = optimizer.loss_scale(), optimizer.loss_scale.good_steps
+  return {'loss_scale': scale, 'good_steps': good_steps,
+          'iterations': optimizer.iterations,
+          **{f'optimizer/{i}/{v.name}': v
+             for i, v in enumerate(optimizer.variables)}}
