@@ -12,8 +12,10 @@ median step times, the overhead each wrapper adds over the bare step, and
 the ratio ours/reference against the target. In graph mode it also times a
 floor variant (`variants._BarrierFloorV1`: scale, unscale, hold every
 gradient until all exist, apply; no check, no state) and prints its ratio to
-the reference: the least overhead any exact skip can have. Results go to
-benchmarks/results.json (or --json PATH).
+the reference: the least overhead any exact skip can have. Rows under a
+strategy also count the cross-replica reductions per step of each variant
+(benchmarks/collectives.py). Results go to benchmarks/results.json (or
+--json PATH).
 
 Modes: graph (tf.compat.v1 Session; v1 optimizers: bare
 GradientDescentOptimizer, ours MixedPrecisionLossScaleOptimizer, TensorFlow's
