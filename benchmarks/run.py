@@ -12,8 +12,10 @@ median step times, the overhead each wrapper adds over the bare step, and
 the ratio ours/reference against the target. In graph mode it also times a
 floor variant (`variants._BarrierFloorV1`: scale, unscale, hold every
 gradient until all exist, apply; no check, no state) and prints its ratio to
-the reference: the least overhead any exact skip can have. Results go to
-benchmarks/results.json (or --json PATH).
+the reference: the least overhead any exact skip can have. Rows under a
+strategy also count the cross-replica reductions per step of each variant
+(benchmarks/collectives.py). Results go to benchmarks/results.json (or
+--json PATH).
 
 Modes: graph (tf.compat.v1 Session; v1 optimizers: bare
 GradientDescentOptimizer, ours MixedPrecisionLossScaleOptimizer, TensorFlow's
@@ -44,6 +46,7 @@ tf.config.set_logical_device_configuration(
 import keras  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
+from benchmarks import collectives  # pylint: disable=g-import-not-at-top
 from benchmarks import memory  # pylint: disable=g-import-not-at-top
 from benchmarks import timing  # pylint: disable=g-import-not-at-top
 from benchmarks import variants  # pylint: disable=g-import-not-at-top
@@ -138,6 +141,11 @@ def _measure_row(mode, shape, args):
       'floor_ratio': (timing.median_overhead(times[floor[0]], times[bare]) /
                       ref_over if floor and ref_over > 0 else None),
       'identical_to_reference': _identical(values[ours], values[reference]),
+      # Cross-replica reductions per step (benchmarks/collectives.py); only
+      # steps under a strategy have any.
+      'reductions_per_step': None if strategy is None else {
+          n: collectives.per_replica_step(runners[n].step, strategy)
+          for n in names},
   }
   if shape == 'cnn':
     row['target'] = f'ours <= +{CNN_MAX_OVERHEAD:.0%}'
@@ -163,7 +171,7 @@ def _format_table(rows):
   header = (f"{'mode':9} {'shape':7} {'bare ms':>8} {'ours ms':>8} "
             f"{'ref ms':>8} {'ours +%':>8} {'ref +%':>8} {'ratio':>6} {'floor':>6}  "
             f"{'reference':9} {'target':16} {'met':4} {'same':4} "
-            f"{'RSS MB bare/ours/ref':>22}")
+            f"{'RSS MB bare/ours/ref':>22} {'reduce b/o/r':>12}")
   lines = [header, '-' * len(header)]
   for r in rows:
     bare, ours, ref = variants.FAMILIES[r['family']]
@@ -173,12 +181,14 @@ def _format_table(rows):
     met = {True: 'yes', False: 'NO', None: '-'}[r['met']]
     rss = r.get('peak_rss_mb')
     rss = '/'.join(f'{rss[n]:.0f}' for n in (bare, ours, ref)) if rss else '-'
+    red = r.get('reductions_per_step')
+    red = '/'.join(f'{red[n]:g}' for n in (bare, ours, ref)) if red else '-'
     lines.append(
         f"{r['mode']:9} {r['shape']:7} {ms[bare]:8.3f} {ms[ours]:8.3f} "
         f"{ms[ref]:8.3f} {100 * r['overhead'][ours]:+7.1f}% "
         f"{100 * r['overhead'][ref]:+7.1f}% {ratio:>6} {floor:>6}  {ref:9} "
         f"{r['target']:16} {met:4} {'yes' if r['identical_to_reference'] else 'NO':4} "
-        f"{rss:>22}")
+        f"{rss:>22} {red:>12}")
   return '\n'.join(lines)
 
 

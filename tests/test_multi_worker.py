@@ -1,69 +1,154 @@
-"""Loss scaling across processes on 127.0.0.1: MultiWorkerMirroredStrategy
-with two worker processes, and the refusal of ParameterServerStrategy."""
+"""Loss scaling across processes on 127.0.0.1.
 
+MultiWorkerMirroredStrategy with two and with three worker processes, for
+every front end (`tests/workers/multi_worker_training.py` trains them one
+after another in each process): the v1 optimizer inside `strategy.run` in a
+`tf.function`, the experimental Keras wrapper in a TF 2.3-style custom loop,
+and the Keras 3 form in a custom loop; the Keras 3 form in `model.fit` on
+one worker with two replicas (Keras 3's `model.fit` itself fails under
+MultiWorkerMirroredStrategy: keras-team/keras#20585). In step 2 one
+replica's input overflows. Also: the refusal of ParameterServerStrategy.
+"""
+
+import concurrent.futures
 import json
 import os
-import socket
 import subprocess
 import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import local_cluster
 
 _WORKER = os.path.join(os.path.dirname(__file__), 'workers',
                        'multi_worker_training.py')
 _PARAMETER_SERVER = os.path.join(os.path.dirname(__file__), 'workers',
                                  'parameter_server_refusal.py')
+_FRONT_ENDS = ('v1', 'experimental', 'keras')
+_STEPS = 5
+_OVERFLOW_STEP = 2
+_TIMEOUT = 480  # all layouts together; a hang is what it bounds
 
-# Per step: which worker sees inf (-1: none), then the expected state after it.
-# SGD(0.5) on sum(v * x) with x = 1 on both workers: an applied step moves
-# each element by 0.5 * 2 (gradients are summed over the two workers).
-_EXPECTED = [
-    # inf on, variable,       scale, good_steps
-    (-1, [0.0, 1.0], 8.0, 1),
-    (1, [0.0, 1.0], 4.0, 0),    # worker 1 overflows: both skip, scale halves
-    (-1, [-1.0, 0.0], 4.0, 1),
-    (-1, [-2.0, -1.0], 8.0, 0),  # second finite step in a row: scale doubles
-    (0, [-2.0, -1.0], 4.0, 0),   # worker 0 overflows: both skip
-    (-1, [-3.0, -2.0], 4.0, 1),
-]
+# layout -> (workers, replicas per worker, global replica that overflows,
+# front ends).
+_LAYOUTS = {
+    '2 workers': (2, 1, 1, _FRONT_ENDS),
+    '3 workers': (3, 1, 2, _FRONT_ENDS),
+    '1 worker x 2 replicas': (1, 2, 1, _FRONT_ENDS + ('keras_fit',)),
+}
+
+# DynamicLossScale(initial_loss_scale=16, increment_period=2), step by step:
+# two finite steps double it, the overflow in step 2 halves it.
+_SCALES = [16.0, 32.0, 16.0, 16.0, 32.0]
+_GOOD_STEPS = [1, 0, 0, 1, 0]
+# The step counters after 5 steps, one of them skipped: TF1's global_step and
+# Keras 3's iterations count applied steps, TF 2.3's iterations every step.
+_STEP_COUNTERS = {'v1': ('global_step', 4),
+                  'experimental': ('iterations', 5),
+                  'keras': ('iterations', 4),
+                  'keras_fit': ('iterations', 4)}
 
 
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(('127.0.0.1', 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
+def _run_layout(layout):
+  """Trains every front end in `layout`: one result dict per worker."""
+  workers, local_replicas, overflow_replica, front_ends = _LAYOUTS[layout]
+  ports = local_cluster.free_ports(workers) if workers > 1 else []
+
+  def command_of(index):
+    config = {'ports': ports, 'index': index, 'local_replicas': local_replicas,
+              'steps': _STEPS, 'overflow': [_OVERFLOW_STEP, overflow_replica],
+              'front_ends': list(front_ends)}
+    return [sys.executable, _WORKER, json.dumps(config)]
+
+  outputs = local_cluster.run_workers(command_of, workers, _TIMEOUT)
+  results = []
+  for output in outputs:
+    records = [json.loads(l) for l in output.splitlines() if l.startswith('{')]
+    results.append({r['front_end']: r for r in records})
+  return results
 
 
-def test_one_workers_overflow_makes_every_worker_skip_and_agree():
-  ports = _free_ports(2)
-  env = dict(os.environ, CUDA_VISIBLE_DEVICES='')
-  workers = [
-      subprocess.Popen(
-          [sys.executable, _WORKER, str(ports[0]), str(ports[1]), str(index)],
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-      for index in range(2)
-  ]
-  try:
-    results = [worker.communicate(timeout=240) for worker in workers]
-  finally:
-    for worker in workers:
-      if worker.poll() is None:
-        worker.kill()
-  outputs = []
-  for index, (worker, (stdout, stderr)) in enumerate(zip(workers, results)):
-    assert worker.returncode == 0, f'worker {index} failed:\n{stderr[-3000:]}'
-    outputs.append([json.loads(line) for line in stdout.splitlines()
-                    if line.startswith('{')])
+@pytest.fixture(scope='module')
+def runs():
+  """Every layout's results, the layouts trained at the same time."""
+  with concurrent.futures.ThreadPoolExecutor(len(_LAYOUTS)) as pool:
+    futures = {layout: pool.submit(_run_layout, layout) for layout in _LAYOUTS}
+    return {layout: future.result() for layout, future in futures.items()}
 
-  for index, records in enumerate(outputs):
-    assert len(records) == len(_EXPECTED), f'worker {index}: {records}'
-    for record, (inf_on, variable, scale, good_steps) in zip(records, _EXPECTED):
-      where = f"worker {index}, step {record['step']} (inf on worker {inf_on})"
-      assert record['variable'] == variable, where
-      assert record['scale'] == scale, where
-      assert record['good_steps'] == good_steps, where
+
+def _assert_skipped_only_the_overflow(result, front_end, where):
+  steps = result['steps']
+  assert [s['scale'] for s in steps] == _SCALES, where
+  assert [s['good_steps'] for s in steps] == _GOOD_STEPS, where
+  for step in range(1, _STEPS):
+    unchanged = steps[step]['weights'] == steps[step - 1]['weights']
+    assert unchanged == (step == _OVERFLOW_STEP), (
+        f'{where}: step {step} {"skipped" if unchanged else "applied"}')
+  counter, value = _STEP_COUNTERS[front_end]
+  values = {c['value'] for c in result['final'][counter]}
+  assert values == {value}, f'{where}: {counter} is {values}, not {value}'
+
+
+def _assert_same_final_state(expected, actual, who):
+  """Every value of `actual` equals `expected`'s bit for bit."""
+  assert sorted(actual) == sorted(expected), f'{who}: other variables'
+  for name, copies in actual.items():
+    reference = expected[name][0]
+    for replica, copy in enumerate(copies):
+      assert copy['hex'] == reference['hex'], (
+          f'{who}, replica {replica}: {name} is {copy["value"]}, expected '
+          f'{reference["value"]} (bit for bit)')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('front_end', _FRONT_ENDS)
+@pytest.mark.parametrize('layout', ['2 workers', '3 workers'])
+def test_one_workers_overflow_makes_every_worker_skip_and_agree(
+    runs, layout, front_end):
+  results = [worker[front_end] for worker in runs[layout]]
+  overflowing = _LAYOUTS[layout][2]
+  for index, result in enumerate(results):
+    _assert_skipped_only_the_overflow(
+        result, front_end,
+        f'{front_end}, worker {index} of {layout} (replica {overflowing} '
+        f'overflows in step {_OVERFLOW_STEP})')
+    _assert_same_final_state(results[0]['final'], result['final'],
+                             f'{front_end}: worker {index} against worker 0')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('front_end', _FRONT_ENDS)
+def test_two_replicas_end_alike_on_one_worker_or_two(runs, front_end):
+  # Each replica computes the same gradients in either layout, and a sum of
+  # two values does not depend on its order, so the states match bit for bit.
+  (one_worker,) = runs['1 worker x 2 replicas']
+  result = one_worker[front_end]
+  _assert_skipped_only_the_overflow(result, front_end,
+                                    f'{front_end}, 1 worker x 2 replicas')
+  _assert_same_final_state(
+      runs['2 workers'][0][front_end]['final'], result['final'],
+      f'{front_end}: 1 worker x 2 replicas against 2 workers x 1 replica')
+
+
+@pytest.mark.slow
+def test_model_fit_skips_like_the_custom_loop_on_two_replicas(runs):
+  (one_worker,) = runs['1 worker x 2 replicas']
+  fit = one_worker['keras_fit']
+  _assert_skipped_only_the_overflow(fit, 'keras_fit',
+                                    'keras_fit, 1 worker x 2 replicas')
+  _assert_same_final_state(fit['final'], fit['final'],
+                           'keras_fit: replica copies')
+  # Keras's mean squared error divides by the outputs, the rows and the
+  # replicas one after another, the custom loop once by their product: the
+  # losses may differ in the last bit, so the states agree to float32
+  # rounding, not bit for bit.
+  loop = one_worker['keras']['final']
+  for name in ('kernel', 'bias'):
+    np.testing.assert_allclose(
+        fit['final'][f'model/sequential/dense/{name}'][0]['value'],
+        loop[name][0]['value'], rtol=1e-6, atol=1e-7,
+        err_msg=f'model.fit against the custom loop: {name}')
 
 
 def test_parameter_server_strategy_is_refused_at_construction_and_apply():

@@ -129,9 +129,13 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
       when it is finite. Eagerly the work is done and the result is None.
 
     Raises:
-      ValueError: If called in a cross-replica context.
+      ValueError: If called in a cross-replica context, under TPUStrategy,
+        or with a loss scale or optimizer created outside the strategy's
+        scope.
     """
     distribute.require_replica_context('apply_gradients()')
+    distribute.check_state_in_strategy_scope('apply_gradients()',
+                                             self.variables())
     grads_and_vars = tuple(grads_and_vars)
     return distribute.merge_to_cross_replica(self._apply_if_finite,
                                              grads_and_vars, global_step, name)

@@ -1,53 +1,218 @@
-"""One worker of a two-process MultiWorkerMirroredStrategy training run.
+"""One process of a loss-scaled training run on several replicas.
 
-Usage: multi_worker_training.py PORT0 PORT1 INDEX
+Usage: multi_worker_training.py CONFIG_JSON
 
-Each step one worker (or none) sees an inf gradient; the worker prints, as one
-JSON line per step, its variable, loss scale and good-step count, so the test
-can check that both workers skipped the same steps and agree on every value.
+CONFIG_JSON holds:
+  ports: the cluster's worker ports on 127.0.0.1, or [] for one process
+    with a MirroredStrategy over `local_replicas` logical CPUs.
+  index: this worker's index in `ports`.
+  local_replicas: replicas in this process (1 under MultiWorkerMirrored).
+  steps: how many steps to train.
+  overflow: [step, global replica]: that replica's input is multiplied by
+    1e30 in that step, so its gradients (and only its) overflow.
+  front_ends: a list of 'v1', 'experimental', 'keras', 'keras_fit'.
+
+Every global replica gets the same two rows in a step whatever the layout, so
+1 worker x 2 replicas and 2 workers x 1 replica train on the same data. For
+each front end the process prints one JSON line: `front_end`, per-step
+`scale`/`good_steps`/`weights` (hex of the weights' bytes), and `final`, the
+bytes (hex) and values of every variable of the run (model, optimizer slots,
+loss scale, step counters), one entry per local replica's copy.
 """
 
 import json
 import os
 import sys
 
-port0, port1, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
-os.environ['TF_CONFIG'] = json.dumps({
-    'cluster': {'worker': [f'127.0.0.1:{port0}', f'127.0.0.1:{port1}']},
-    'task': {'type': 'worker', 'index': index},
-})
+CONFIG = json.loads(sys.argv[1])
+if CONFIG['ports']:
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..'))
+  from benchmarks import local_cluster  # pylint: disable=g-import-not-at-top
+  os.environ['TF_CONFIG'] = json.dumps(
+      local_cluster.tf_config(CONFIG['ports'], CONFIG['index']))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import keras  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+import toy_training as toy  # pylint: disable=g-import-not-at-top
 import tf_loss_scale  # pylint: disable=g-import-not-at-top
+from tf_loss_scale import keras as tls_keras  # pylint: disable=g-import-not-at-top
 
-# Which worker injects an inf gradient at each step (-1: none).
-INF_ON_WORKER = (-1, 1, -1, -1, 0, -1)
+ROWS = 2          # rows per replica per step
+INITIAL_SCALE = 16.0
+GROWTH_STEPS = 2
 
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
-with strategy.scope():
-  variable = tf.Variable([1.0, 2.0])
-  optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
-      tf.compat.v1.train.GradientDescentOptimizer(0.5),
-      tf_loss_scale.DynamicLossScale(initial_loss_scale=8, increment_period=2))
-
-
-@tf.function
-def train_step(inf_on_worker):
-  def replica_step():
-    x = tf.where(tf.equal(inf_on_worker, index), float('inf'), 1.0)
-    grads_and_vars = optimizer.compute_gradients(
-        lambda: tf.reduce_sum(variable * x), [variable])
-    return optimizer.apply_gradients(grads_and_vars)
-  strategy.run(replica_step)
+if CONFIG['ports']:
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+else:
+  tf.config.set_logical_device_configuration(
+      tf.config.list_physical_devices('CPU')[0],
+      [tf.config.LogicalDeviceConfiguration()] * CONFIG['local_replicas'])
+  strategy = tf.distribute.MirroredStrategy(
+      [f'/cpu:{i}' for i in range(CONFIG['local_replicas'])])
+REPLICAS = strategy.num_replicas_in_sync
+STEPS = CONFIG['steps']
+X, Y = toy.data(STEPS, REPLICAS, ROWS, CONFIG['overflow'])
 
 
-for step, worker in enumerate(INF_ON_WORKER):
-  train_step(tf.constant(worker))
+def _loss(kernel, bias, step):
+  """This replica's share of the global mean loss of `step`.
+
+  Called inside strategy.run: the all-reduced sum of the replicas'
+  gradients is then the gradient of the mean over the global batch.
+  """
+  replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+  x, y = tf.gather(X, step)[replica], tf.gather(Y, step)[replica]
+  return toy.squared_error(kernel, bias, x, y, float(ROWS * REPLICAS * 2))
+
+
+def _step_record(scale, good_steps, weights):
+  return {'scale': float(np.asarray(scale)),
+          'good_steps': int(np.asarray(good_steps)),
+          'weights': ''.join(np.asarray(w).tobytes().hex() for w in weights)}
+
+
+def _print(name, per_step, final_variables):
   print(json.dumps({
-      'step': step,
-      'variable': variable.numpy().tolist(),
-      'scale': float(optimizer.loss_scale()),
-      'good_steps': int(optimizer.loss_scale.good_steps.numpy()),
+      'front_end': name,
+      'steps': per_step,
+      'final': toy.record({
+          label: strategy.experimental_local_results(v)
+          for label, v in final_variables.items()}),
   }), flush=True)
+
+
+def _train(name, replica_step, scale_and_good_steps, weights, final):
+  """Runs `replica_step(step)` in strategy.run in a tf.function, STEPS times.
+
+  Args:
+    name: The front end's name.
+    replica_step: One replica's step.
+    scale_and_good_steps: Returns the loss scale and good steps to record.
+    weights: The model variables, fingerprinted after every step.
+    final: Returns {label: variable} to record at the end.
+  """
+  train_step = tf.function(
+      lambda step: strategy.run(replica_step, args=(step,)))
+  per_step = []
+  for step in range(STEPS):
+    train_step(tf.constant(step))
+    per_step.append(_step_record(*scale_and_good_steps(), weights))
+  _print(name, per_step, final())
+
+
+def _loss_scale():
+  return tf_loss_scale.DynamicLossScale(initial_loss_scale=INITIAL_SCALE,
+                                        increment_period=GROWTH_STEPS)
+
+
+def run_v1():
+  """MixedPrecisionLossScaleOptimizer inside strategy.run in a tf.function."""
+  with strategy.scope():
+    kernel, bias = tf.Variable(toy.KERNEL), tf.Variable(toy.BIAS)
+    global_step = tf.Variable(0, dtype=tf.int64, name='global_step')
+    optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        tf.compat.v1.train.MomentumOptimizer(toy.LEARNING_RATE, toy.MOMENTUM),
+        _loss_scale())
+
+  def replica_step(step):
+    grads_and_vars = optimizer.compute_gradients(
+        lambda: _loss(kernel, bias, step), [kernel, bias])
+    optimizer.apply_gradients(grads_and_vars, global_step)
+
+  loss_scale = optimizer.loss_scale
+  _train('v1', replica_step, lambda: (loss_scale(), loss_scale.good_steps),
+         [kernel, bias], lambda: {
+             'kernel': kernel, 'bias': bias,
+             'kernel/momentum': optimizer.get_slot(kernel, 'momentum'),
+             'bias/momentum': optimizer.get_slot(bias, 'momentum'),
+             'loss_scale': loss_scale(),
+             'good_steps': loss_scale.good_steps,
+             'global_step': global_step,
+         })
+
+
+def run_experimental():
+  """The TF 2.3 Keras wrapper in a custom loop, as TF 2.3 code wrote it."""
+  with strategy.scope():
+    kernel, bias = keras.Variable(toy.KERNEL), keras.Variable(toy.BIAS)
+    optimizer = tls_keras.experimental.LossScaleOptimizer(
+        keras.optimizers.SGD(toy.LEARNING_RATE, momentum=toy.MOMENTUM),
+        _loss_scale())
+    optimizer.build([kernel, bias])
+
+  def replica_step(step):
+    with tf.GradientTape() as tape:
+      scaled_loss = optimizer.get_scaled_loss(_loss(kernel, bias, step))
+    scaled_grads = tape.gradient(scaled_loss, [kernel, bias])
+    grads = optimizer.get_unscaled_gradients(scaled_grads)
+    optimizer.apply_gradients(zip(grads, [kernel, bias]))
+
+  loss_scale = optimizer.loss_scale
+  _train('experimental', replica_step,
+         lambda: (loss_scale(), loss_scale.good_steps), [kernel, bias],
+         lambda: {'kernel': kernel, 'bias': bias,
+                  **toy.keras_optimizer_state(optimizer)})
+
+
+def run_keras():
+  """The Keras 3 form in a custom loop: scale_loss, then apply."""
+  with strategy.scope():
+    kernel, bias = keras.Variable(toy.KERNEL), keras.Variable(toy.BIAS)
+    optimizer = toy.keras_form(INITIAL_SCALE, GROWTH_STEPS)
+    optimizer.build([kernel, bias])
+
+  def replica_step(step):
+    with tf.GradientTape() as tape:
+      scaled_loss = optimizer.scale_loss(_loss(kernel, bias, step))
+    optimizer.apply(tape.gradient(scaled_loss, [kernel, bias]),
+                    [kernel, bias])
+
+  _train('keras', replica_step,
+         lambda: (optimizer.dynamic_scale, optimizer.step_counter),
+         [kernel, bias],
+         lambda: {'kernel': kernel, 'bias': bias,
+                  **toy.keras_optimizer_state(optimizer)})
+
+
+def run_keras_fit():
+  """The Keras 3 form in model.fit, one step per batch.
+
+  Only under MirroredStrategy: Keras 3's model.fit itself fails under
+  MultiWorkerMirroredStrategy (keras-team/keras#20585).
+  """
+  with strategy.scope():
+    model = toy.keras_model()
+    optimizer = toy.keras_form(INITIAL_SCALE, GROWTH_STEPS)
+    model.compile(optimizer=optimizer, loss='mean_squared_error')
+
+  def dataset_fn(context):
+    # One element per (step, local replica), in that order: each local
+    # replica takes the next element of its worker's pipeline.
+    local = REPLICAS // context.num_input_pipelines
+    first = context.input_pipeline_id * local
+    x = X[:, first:first + local].reshape(STEPS * local, ROWS, 3)
+    y = Y[:, first:first + local].reshape(STEPS * local, ROWS, 2)
+    return tf.data.Dataset.from_tensor_slices((x, y))
+
+  per_step = []
+
+  class Record(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      per_step.append(_step_record(optimizer.dynamic_scale,
+                                   optimizer.step_counter,
+                                   model.trainable_variables))
+
+  model.fit(strategy.distribute_datasets_from_function(dataset_fn),
+            epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=[Record()])
+  _print('keras_fit', per_step, {
+      **{f'model/{v.path}': v for v in model.variables},
+      **toy.keras_optimizer_state(optimizer)})
+
+
+for front_end in CONFIG['front_ends']:
+  {'v1': run_v1, 'experimental': run_experimental, 'keras': run_keras,
+   'keras_fit': run_keras_fit}[front_end]()

@@ -1,0 +1,103 @@
+"""The benchmark's count of cross-replica reductions per step
+(benchmarks/collectives.py), on steps whose reductions are known, and the
+v1 optimizer's bound: at most one reduction beyond the bare optimizer's.
+
+Only traced, never run: tracing is enough to read the graph.
+"""
+
+import pytest
+import tensorflow as tf
+
+from benchmarks import collectives
+from benchmarks import variants
+from benchmarks import workloads
+
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+def _count(strategy, replica_fn):
+  step = tf.function(lambda: strategy.run(replica_fn))
+  return collectives.per_replica_step(step, strategy)
+
+
+def _all_reduce(value):
+  return tf.distribute.get_replica_context().all_reduce(_SUM, value)
+
+
+def test_a_step_without_reductions_counts_zero(mirrored_strategy):
+  assert _count(mirrored_strategy, lambda: tf.constant(1.0) + 2.0) == 0
+
+
+def test_one_all_reduce_counts_one_per_replica(mirrored_strategy):
+  # Each of the two replicas launches its own collective op.
+  assert _count(mirrored_strategy, lambda: _all_reduce(tf.constant(1.0))) == 1
+
+
+def test_two_all_reduces_count_two(mirrored_strategy):
+
+  def replica_fn():
+    first = _all_reduce(tf.constant(1.0))
+    return _all_reduce(first * 2.0)
+
+  assert _count(mirrored_strategy, replica_fn) == 2
+
+
+def _collective(value):
+  # A collective op traced outside any strategy (MirroredStrategy refuses
+  # all-reduces inside nested functions and conditionals).
+  return tf.raw_ops.CollectiveReduceV2(
+      input=value, group_size=2, group_key=1, instance_key=1,
+      ordering_token=[], merge_op='Add', final_op='Id')
+
+
+def _traced(fn):
+  return tf.function(fn).get_concrete_function(
+      tf.TensorSpec([], tf.float32)).graph.as_graph_def()
+
+
+def test_a_nested_function_is_counted_each_time_it_is_called():
+  nested = tf.function(lambda x: _collective(x) + 1.0)
+  assert collectives.in_graph_def(_traced(lambda x: nested(nested(x)))) == 2
+
+
+def test_a_conditional_counts_its_most_expensive_branch():
+  graph_def = _traced(lambda x: tf.cond(
+      x > 0.0, lambda: _collective(x), lambda: _collective(_collective(x))))
+  assert collectives.in_graph_def(graph_def) == 2
+
+
+def test_collectives_count_per_replica_of_the_process():
+  graph_def = _traced(lambda x: _collective(x) + _collective(x))
+  assert collectives.in_graph_def(graph_def, replicas=2) == 1
+
+
+def test_a_reduce_to_the_host_counts_one(mirrored_strategy):
+  # MirroredStrategy sums the replicas' values on one device here: one
+  # reduction for all replicas, and no collective op.
+
+  @tf.function
+  def step():
+    per_replica = mirrored_strategy.run(lambda: tf.constant(1.0))
+    return mirrored_strategy.reduce(_SUM, per_replica, axis=None)
+
+  graph_def = step.get_concrete_function().graph.as_graph_def()
+  assert collectives.in_graph_def(graph_def, replicas=2) == 1
+
+
+def test_v1_optimizer_adds_at_most_one_reduction_to_the_bare_one(
+    mirrored_strategy):
+  counts = {
+      variant: collectives.per_replica_step(
+          variants.build('mirrored', 'v1', variant,
+                         workloads.WORKLOADS['cnn'], mirrored_strategy).step,
+          mirrored_strategy)
+      for variant in ('bare', 'ours')
+  }
+  assert counts['bare'] >= 1, counts  # The gradients are all-reduced.
+  assert counts['ours'] - counts['bare'] <= 1, counts
+
+
+@pytest.mark.parametrize('op', ['CollectiveReduceV2', 'CollectiveGatherV2',
+                                'NcclAllReduce', 'CollectiveBcastSendV2'])
+def test_known_collective_op_types(op):
+  assert op in collectives.COLLECTIVE_OPS
