@@ -202,8 +202,9 @@ def apply_on_every_replica_if(
     on_skip: Runs when the step is skipped.
 
   Returns:
-    Whether the step was applied: a bool tensor, or `True`. In a TF1 graph,
-    evaluating it runs the chosen side.
+    Whether the step was applied: a bool tensor, or `True` eagerly and in a
+    `tf.function` when `should_apply` is `True`. In a TF1 graph it is always
+    a tensor, and evaluating it runs the chosen side.
   """
   def apply_everywhere(gate: Sequence[tf.Tensor] = ()) -> tf.Operation:
     def apply_on_replica(*replica_args):
@@ -214,8 +215,12 @@ def apply_on_every_replica_if(
         apply_on_replica, args=tuple(args)))
 
   if should_apply is True:
-    apply_everywhere()
-    return True
+    applied = apply_everywhere()
+    if not execution.in_tf1_graph():
+      return True
+    # A Session runs only what is fetched: the apply op must be reachable.
+    with tf.control_dependencies([applied]):
+      return tf.constant(True)
   if execution.in_tf1_graph():
     return _one_side_runs(should_apply, apply_everywhere, on_skip)
 

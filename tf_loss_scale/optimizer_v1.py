@@ -8,6 +8,7 @@ from tf_loss_scale import checkpointing
 from tf_loss_scale import distribute
 from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
+from tf_loss_scale import step
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
 GradsAndVars = Sequence[Tuple[Any, tf.Variable]]
@@ -137,25 +138,17 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
     distribute.check_state_in_strategy_scope('apply_gradients()',
                                              self.variables())
     grads_and_vars = tuple(grads_and_vars)
-    return distribute.merge_to_cross_replica(self._apply_if_finite,
-                                             grads_and_vars, global_step, name)
-
-  def _apply_if_finite(self, strategy: tf.distribute.Strategy,
-                       grads_and_vars: GradsAndVars,
-                       global_step: Optional[tf.Variable],
-                       name: Optional[str]) -> Optional[tf.Operation]:
-    update_op, should_apply = self._loss_scale.update(
-        [g for g, _ in grads_and_vars])
-    # Whatever the loss scale's class, its verdict decides. The Python True
-    # of scales that never skip (any LossScale may answer it) becomes a
-    # constant verdict, so that the apply op is built and returned like any
-    # other rather than lost.
-    applied = distribute.apply_on_every_replica_if(
-        strategy, tf.convert_to_tensor(should_apply, tf.bool),
-        self._optimizer.apply_gradients, (grads_and_vars, global_step))
+    variables = [v for _, v in grads_and_vars]
+    # tf.compat.v1 optimizers sum the gradients inside their own merge_call,
+    # so the step takes its verdict with one scalar reduction
+    # (`reduces=True`; see tf_loss_scale.step).
+    update_op, applied = step.apply_step(
+        [g for g, _ in grads_and_vars], step.LossScaleState(self._loss_scale),
+        lambda grads: self._optimizer.apply_gradients(
+            list(zip(grads, variables)), global_step))
     # The inner optimizer names its ops itself: `name` is for the op returned.
-    # `update_op` may be None (a LossScale with nothing to update).
-    return tf.group(*[op for op in (applied, update_op) if op is not None],
+    return tf.group(*[op for op in (applied, update_op)
+                      if isinstance(op, (tf.Tensor, tf.Operation))],
                     name=name or self.get_name())
 
   def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:

@@ -155,10 +155,6 @@ class LossScaleOptimizer(tf23_surface.TF23Surface,
         'inner_optimizer, initial_scale, dynamic_growth_steps) instead, or a '
         'tf_keras optimizer with tf_keras (TF_USE_LEGACY_KERAS=1).')
 
-  def _grads_are_scaled(self) -> bool:
-    # TF 2.3: apply_gradients and apply take unscaled gradients, always.
-    return False
-
   def _on_skipped_step(self) -> None:
     # TF 2.3 counts a skipped step in `iterations`. An accumulating optimizer
     # has no such counter of its own (Keras derives `iterations` from its

@@ -87,7 +87,11 @@ class InnerAttribute:
     return getattr(wrapper.inner_optimizer, self._name)
 
   def __set__(self, wrapper: Any, value: Any) -> None:
-    setattr(wrapper.inner_optimizer, self._name, value)
+    # Keras's base __init__ sets some of these on the wrapper before the
+    # inner optimizer is there; the wrapper keeps no copy of its own.
+    inner = getattr(wrapper, 'inner_optimizer', None)
+    if inner is not None:
+      setattr(inner, self._name, value)
 
 
 class TF23Surface:

@@ -157,24 +157,15 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     distribute.require_replica_context(where)
     pairs = list(grads_and_vars)
     variables = [v for _, v in pairs]
-    # The inner optimizer's apply ops: when a loss scale never skips (a
-    # fixed one), the step applies unconditionally and returns no op, and
-    # in a TF1 graph these must be run.
-    apply_ops = []
-
-    def apply_fn(grads):
-      apply_ops.append(apply_inner(list(zip(grads, variables))))
-      return apply_ops[-1]
-
     update_op, applied = step.apply_step(
         [g for g, _ in pairs], step.LossScaleState(self._loss_scale),
-        apply_fn, reduces=not aggregate, on_skip=self._count_skipped_step)
+        lambda grads: apply_inner(list(zip(grads, variables))),
+        reduces=not aggregate, on_skip=self._count_skipped_step)
     if not execution.in_tf1_graph():
       # Eagerly the step has run; in a tf.function its ops run in program
       # order, and an op would not pass through strategy.run.
       return None
-    run = [update_op] + (apply_ops if applied is True else [applied])
-    return tf.group([op for op in run if op is not None])
+    return tf.group([op for op in (update_op, applied) if op is not None])
 
   def _count_skipped_step(self) -> Any:
     # TF 2.3: `iterations` counts every step, applied or skipped.

@@ -19,42 +19,20 @@ import keras
 import tensorflow as tf
 
 from tf_loss_scale import distribute
-from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import step
+from tf_loss_scale.keras import tf23_surface
 
 # The inner optimizer of each live wrapper: one optimizer wrapped twice would
 # take two steps per step and keep two loss scales.
 _WRAPPER_OF_INNER = weakref.WeakKeyDictionary()
 
 
-class _InnerAttribute:
-  """An attribute of the wrapper that is the inner optimizer's attribute."""
-
-  def __init__(self, doc: str):
-    self.__doc__ = doc
-
-  def __set_name__(self, owner: type, name: str) -> None:
-    self._name = name
-
-  def __get__(self, wrapper: Any, owner: type = None) -> Any:
-    if wrapper is None:
-      return self
-    return getattr(wrapper.inner_optimizer, self._name)
-
-  def __set__(self, wrapper: Any, value: Any) -> None:
-    # Keras's base __init__ sets placeholders for these on the wrapper before
-    # the inner optimizer exists; the wrapper keeps none of its own.
-    inner = wrapper.__dict__.get('inner_optimizer')
-    if inner is not None:
-      setattr(inner, self._name, value)
-
-
 class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
   """Loss scaling around a Keras 3 optimizer (the shared implementation).
 
-  Subclasses implement `_grads_are_scaled()` and may override
-  `_on_skipped_step()`.
+  `apply` takes unscaled gradients (TF 2.3's contract). Subclasses may
+  override `_on_skipped_step()`.
   """
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
@@ -87,51 +65,20 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     self._loss_scale = loss_scale
     remember_wrapper(inner_optimizer, self)
 
-  # ---- delegation to the inner optimizer --------------------------------
+  # ---- the inner optimizer's attributes -----------------------------------
+  # Hyperparameters in general are forwarded by tf23_surface.TF23Surface;
+  # these are the ones Keras's base class would otherwise answer itself.
 
-  def __getattr__(self, name: str) -> Any:
-    # Only reached when normal lookup fails: hyperparameters such as
-    # `beta_1` or `momentum` are read from the inner optimizer.
-    inner = self.__dict__.get('inner_optimizer')
-    if inner is None or name.startswith('_'):
-      raise AttributeError(
-          f'{type(self).__name__!r} object has no attribute {name!r}')
-    return getattr(inner, name)
-
-  def __setattr__(self, name: str, value: Any) -> None:
-    # A public attribute the wrapper does not have itself (its own were all
-    # set in __init__) but the inner optimizer has is a hyperparameter of
-    # the inner optimizer: write it there.
-    inner = self.__dict__.get('inner_optimizer')
-    if (inner is not None and not name.startswith('_') and
-        name not in self.__dict__ and not hasattr(type(self), name) and
-        hasattr(inner, name)):
-      setattr(inner, name, value)
-      return
-    super().__setattr__(name, value)
-
-  @property
-  def loss_scale(self) -> loss_scale_lib.LossScale:
-    """The `LossScale` this optimizer drives (call it for the value)."""
-    return self._loss_scale
-
-  learning_rate = _InnerAttribute(
+  learning_rate = tf23_surface.InnerAttribute(
       "The inner optimizer's learning rate (settable, schedules too).")
-  clipnorm = _InnerAttribute(
+  clipnorm = tf23_surface.InnerAttribute(
       "The inner optimizer's per-gradient norm clip (of unscaled gradients).")
-  clipvalue = _InnerAttribute(
+  clipvalue = tf23_surface.InnerAttribute(
       "The inner optimizer's value clip (of unscaled gradients).")
-  global_clipnorm = _InnerAttribute(
+  global_clipnorm = tf23_surface.InnerAttribute(
       "The inner optimizer's global norm clip (of unscaled gradients).")
-
-  @property
-  def lr(self) -> Any:
-    """Alias of `learning_rate`."""
-    return self.learning_rate
-
-  @lr.setter
-  def lr(self, value: Any) -> None:
-    self.learning_rate = value
+  lr = tf23_surface.InnerAttribute('Alias of `learning_rate`.',
+                                   name='learning_rate')
 
   @property
   def iterations(self) -> Any:
@@ -157,45 +104,6 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
   def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
     """Lets the inner optimizer finalize `var_list` (for example its EMA)."""
     self.inner_optimizer.finalize_variable_values(var_list)
-
-  # ---- loss and gradients ------------------------------------------------
-
-  def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:
-    """Multiplies a loss by the current loss scale.
-
-    Args:
-      loss: A loss tensor (any float dtype: the scale is cast to it), or a
-        zero-argument callable returning one.
-
-    Returns:
-      The scaled loss, or for a callable a callable returning it.
-    """
-    return gradients.scale_loss(loss, self._loss_scale())
-
-  def get_unscaled_gradients(self, grads: Iterable[Any]) -> List[Any]:
-    """Divides gradients of a scaled loss by the current loss scale.
-
-    Args:
-      grads: A list of gradients; `None` entries and `tf.IndexedSlices`
-        are kept as they are (slices rescaled, still sparse).
-
-    Returns:
-      A new list of the same length, each gradient in its own dtype.
-    """
-    return list(gradients.unscale(list(grads), self._loss_scale()))
-
-  def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
-    """Scales a loss whose gradients are then passed, scaled, to `apply`.
-
-    This is the hook Keras 3's `Model.fit` calls before differentiating.
-
-    Args:
-      loss: A loss tensor or a zero-argument callable returning one.
-
-    Returns:
-      The scaled loss (or callable).
-    """
-    return self.get_scaled_loss(loss)
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
     """Tells whether every gradient is finite, on every replica.
@@ -245,16 +153,10 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
       raise ValueError(
           f'apply() got {len(grads)} gradients for '
           f'{len(trainable_variables)} variables.')
-    scaled = None
-    if self._grads_are_scaled():
-      # Variables Keras overwrites with their "gradient" (float8 scaling
-      # factors) receive values, not derivatives of the scaled loss.
-      scaled = [not getattr(v, 'overwrite_with_gradient', False)
-                for v in trainable_variables]
     step.apply_step(
         grads, step.LossScaleState(self._loss_scale),
         lambda g: self.inner_optimizer.apply(g, trainable_variables),
-        scaled=scaled, on_skip=self._on_skipped_step)
+        on_skip=self._on_skipped_step)
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]) -> Any:
     """Applies `(gradient, variable)` pairs like `apply`.
@@ -268,10 +170,6 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     grads, trainable_variables = _unzip(grads_and_vars)
     self.apply(grads, trainable_variables)
     return self.iterations
-
-  def _grads_are_scaled(self) -> bool:
-    """Whether the gradients given to `apply` are still multiplied."""
-    raise NotImplementedError
 
   def _on_skipped_step(self) -> None:
     """Runs in the cross-replica context when a step is skipped."""
