@@ -2,7 +2,6 @@
 
 import glob
 import os
-import warnings
 
 import keras
 import numpy as np
