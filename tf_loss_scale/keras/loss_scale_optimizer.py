@@ -22,6 +22,7 @@ from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
+from tf_loss_scale.keras import ownership
 from tf_loss_scale.keras import wrapping
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
@@ -97,7 +98,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     distribute.check_strategy_supported(f'{type(self).__name__}()')
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
                      name=name, **kwargs)
-    wrapping.remember_wrapper(inner_optimizer, self)
+    ownership.remember_wrapper(inner_optimizer, self)
     precision.warn_if_scaling_is_not_needed(
         keras.mixed_precision.global_policy().compute_dtype,
         type(self).__name__)

@@ -102,6 +102,18 @@ class TF23Surface:
   `_serialize_inner`/`_deserialize_inner` functions of its Keras.
   """
 
+  # What the optimizer base classes of both Keras families would otherwise
+  # answer themselves; other hyperparameters go through __getattr__ below.
+  learning_rate = InnerAttribute(
+      "The inner optimizer's learning rate (settable, schedules too).")
+  lr = InnerAttribute('Alias of `learning_rate`.', name='learning_rate')
+  clipnorm = InnerAttribute(
+      "The inner optimizer's per-gradient norm clip (of unscaled gradients).")
+  clipvalue = InnerAttribute(
+      "The inner optimizer's value clip (of unscaled gradients).")
+  global_clipnorm = InnerAttribute(
+      "The inner optimizer's global norm clip (of unscaled gradients).")
+
   @property
   def loss_scale(self) -> loss_scale_lib.LossScale:
     """The `LossScale` this optimizer drives (call it for the value)."""

@@ -22,7 +22,6 @@ tf_keras's own `LossScaleOptimizer` around legacy optimizers, which kept
 TF 2.3's format).
 """
 
-import weakref
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -32,13 +31,10 @@ from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import precision
 from tf_loss_scale import step
+from tf_loss_scale.keras import ownership
 from tf_loss_scale.keras import tf23_surface
 
 _DelegatingTrackable = tf.__internal__.tracking.DelegatingTrackableMixin
-
-# The inner optimizer of each live wrapper: with TF 2.3's checkpoint format
-# two wrappers of one optimizer would claim the same checkpoint node.
-_WRAPPER_OF_INNER = weakref.WeakKeyDictionary()
 
 
 def is_tf_keras_optimizer(optimizer: Any) -> bool:
@@ -90,7 +86,7 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     object.__setattr__(self, '_trackable', optimizer)
     # TF 2.3's checkpoint format: the inner optimizer's plus `loss_scale`.
     self._track_trackable(scale, 'loss_scale', overwrite=True)
-    _WRAPPER_OF_INNER[optimizer] = weakref.ref(self)
+    ownership.remember_wrapper(optimizer, self)
     precision.warn_if_scaling_is_not_needed(
         tf_keras.mixed_precision.global_policy().compute_dtype,
         'LossScaleOptimizer')
@@ -111,16 +107,6 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
 
   iterations = tf23_surface.InnerAttribute(
       "The inner optimizer's step counter; skipped steps count too.")
-  learning_rate = tf23_surface.InnerAttribute(
-      "The inner optimizer's learning rate (settable).")
-  lr = tf23_surface.InnerAttribute('Alias of `learning_rate`.',
-                                   'learning_rate')
-  clipnorm = tf23_surface.InnerAttribute(
-      "The inner optimizer's per-gradient norm clip (unscaled gradients).")
-  global_clipnorm = tf23_surface.InnerAttribute(
-      "The inner optimizer's global norm clip (unscaled gradients).")
-  clipvalue = tf23_surface.InnerAttribute(
-      "The inner optimizer's value clip (unscaled gradients).")
 
   def get_weights(self) -> List[Any]:
     """The values of the inner optimizer's weights."""
@@ -362,8 +348,4 @@ def _check_inner_optimizer(optimizer: Any) -> None:
     raise ValueError(
         f'optimizer is already a loss scale optimizer '
         f'({type(optimizer).__name__}); wrap the plain optimizer instead.')
-  wrapper = _WRAPPER_OF_INNER.get(optimizer)
-  if wrapper is not None and wrapper() is not None:
-    raise ValueError(
-        f'optimizer {optimizer!r} is already wrapped by another '
-        'LossScaleOptimizer: create a new optimizer for each wrapper.')
+  ownership.check_not_wrapped(optimizer, 'optimizer')

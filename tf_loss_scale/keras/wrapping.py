@@ -1,7 +1,7 @@
 """What both Keras loss scale optimizers share, and the experimental base.
 
-`check_inner_optimizer` and `remember_wrapper` are the checks both Keras
-forms make on the optimizer they wrap. `LossScaleOptimizerBase` is the base
+`check_inner_optimizer` is the check both Keras forms make on the Keras 3
+optimizer they wrap. `LossScaleOptimizerBase` is the base
 of the TF 2.0-2.3 form (`experimental.py`): it holds a
 `tf_loss_scale.LossScale` and runs `tf_loss_scale.step` with it each
 `apply`. (The Keras 3 form keeps Keras's own state and does not use it.)
@@ -12,7 +12,6 @@ instance of that class in Keras's own loss scale optimizer, which would scale
 the loss a second time.
 """
 
-import weakref
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import keras
@@ -21,11 +20,7 @@ import tensorflow as tf
 from tf_loss_scale import distribute
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import step
-from tf_loss_scale.keras import tf23_surface
-
-# The inner optimizer of each live wrapper: one optimizer wrapped twice would
-# take two steps per step and keep two loss scales.
-_WRAPPER_OF_INNER = weakref.WeakKeyDictionary()
+from tf_loss_scale.keras import ownership
 
 
 class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
@@ -63,22 +58,7 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name)
     self.inner_optimizer = inner_optimizer
     self._loss_scale = loss_scale
-    remember_wrapper(inner_optimizer, self)
-
-  # ---- the inner optimizer's attributes -----------------------------------
-  # Hyperparameters in general are forwarded by tf23_surface.TF23Surface;
-  # these are the ones Keras's base class would otherwise answer itself.
-
-  learning_rate = tf23_surface.InnerAttribute(
-      "The inner optimizer's learning rate (settable, schedules too).")
-  clipnorm = tf23_surface.InnerAttribute(
-      "The inner optimizer's per-gradient norm clip (of unscaled gradients).")
-  clipvalue = tf23_surface.InnerAttribute(
-      "The inner optimizer's value clip (of unscaled gradients).")
-  global_clipnorm = tf23_surface.InnerAttribute(
-      "The inner optimizer's global norm clip (of unscaled gradients).")
-  lr = tf23_surface.InnerAttribute('Alias of `learning_rate`.',
-                                   name='learning_rate')
+    ownership.remember_wrapper(inner_optimizer, self)
 
   @property
   def iterations(self) -> Any:
@@ -197,16 +177,7 @@ def check_inner_optimizer(inner_optimizer: Any) -> None:
         'inner_optimizer must be a Keras 3 optimizer (keras.optimizers.*), '
         f'but got {inner_optimizer!r} of type '
         f'{type(inner_optimizer).__name__}.')
-  wrapper = _WRAPPER_OF_INNER.get(inner_optimizer)
-  if wrapper is not None and wrapper() is not None:
-    raise ValueError(
-        f'inner_optimizer {inner_optimizer.name!r} is already wrapped by '
-        f'{wrapper().name!r}: create a new inner optimizer for each wrapper.')
-
-
-def remember_wrapper(inner_optimizer: Any, wrapper: Any) -> None:
-  """Records that `wrapper` wraps `inner_optimizer` (while both live)."""
-  _WRAPPER_OF_INNER[inner_optimizer] = weakref.ref(wrapper)
+  ownership.check_not_wrapped(inner_optimizer, 'inner_optimizer')
 
 
 def _unzip(grads_and_vars: Iterable[Tuple[Any, Any]]) -> Tuple[list, list]:
