@@ -119,3 +119,16 @@ def test_keras_front_ends_never_load_tf_keras_under_keras_3():
   # both Keras front ends must not import it. Read from the Keras 3 probe
   # only: under TF_USE_LEGACY_KERAS=1 TensorFlow itself loads tf_keras.
   assert not _probe(False)['tf_keras_loaded']
+
+
+def test_import_loads_no_tensorflow_until_a_name_is_used():
+  # The command line relies on it: `python -m tf_loss_scale demo` must route
+  # TensorFlow's start-up log lines before TensorFlow loads.
+  result = fresh_process.run_json(['-c', '''
+import json, sys
+import tf_loss_scale
+before = 'tensorflow' in sys.modules
+scale = tf_loss_scale.FixedLossScale(8)
+print(json.dumps([before, 'tensorflow' in sys.modules, float(scale())]))
+'''])
+  assert result == [False, True, 8.0]
