@@ -615,3 +615,30 @@ def test_a_user_loss_scale_that_never_skips_applies_every_step(mode, with_op):
       w, global_step = model.w.numpy(), model.global_step.numpy()
   np.testing.assert_allclose(w, [0.5 - 0.2, -1.0 - 0.4, 2.0 - 0.8], rtol=1e-6)
   assert global_step == 2
+
+
+def test_a_float16_sum_that_overflows_across_replicas_is_skipped(
+    mirrored_strategy):
+  # Each replica's float16 gradient is finite (40000; float16's largest is
+  # 65504), their sum across the two replicas is not: the step is skipped.
+  with mirrored_strategy.scope():
+    var = tf.Variable(tf.constant([1.0, 2.0], tf.float16))
+    opt = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(1e-5),
+        tf_loss_scale.DynamicLossScale(initial_loss_scale=8.0))
+
+  @tf.function
+  def train_step(value):
+    def replica_step():
+      opt.apply_gradients([(tf.fill([2], tf.cast(value, tf.float16)), var)])
+    mirrored_strategy.run(replica_step)
+
+  train_step(40000.0)
+  for replica, value in enumerate(
+      mirrored_strategy.experimental_local_results(var)):
+    np.testing.assert_array_equal(value.numpy(), [1.0, 2.0],
+                                  err_msg=f'replica {replica} applied inf')
+  assert float(opt.loss_scale()) == 4.0
+  train_step(1000.0)  # 2000 summed: applied.
+  np.testing.assert_allclose(var.numpy(), [0.98, 1.98], rtol=1e-3)
+  assert float(opt.loss_scale()) == 4.0
