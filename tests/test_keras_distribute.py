@@ -355,3 +355,30 @@ def test_gradient_collectives_per_step_equal_a_bare_optimizers(
   # Keras's optimizer computes inside apply (see tf_loss_scale/step.py).
   assert counts['ours'] == {'gradient collectives': 2,
                             'scalar reductions': 1}, counts
+
+
+def test_why_ours_reduces_one_scalar_keras_apply_needs_a_replica_context(
+    mirrored_strategy):
+  """Pins Keras 3.15: its apply fails in the cross-replica context.
+
+  That is why the Keras forms cannot hand already-summed gradients to the
+  inner optimizer and spend one scalar reduction instead (see step.py). If a
+  later Keras applies there, this test skips: the scalar can then go.
+  """
+  with mirrored_strategy.scope():
+    sgd = keras.optimizers.SGD(0.1)
+    var = keras.Variable(np.array([1.0], np.float32))
+    sgd.build([var])
+
+  def merge_fn(strategy, grad):
+    del strategy
+    sgd.apply([grad], [var])
+
+  try:
+    mirrored_strategy.run(lambda: tf.distribute.get_replica_context(
+    ).merge_call(merge_fn, args=(tf.constant([1.0]),)))
+  except AttributeError as error:
+    assert 'merge_call' in str(error)
+  else:
+    pytest.skip('Keras applies in the cross-replica context now: the step '
+                'could decide on the sums without the scalar reduction.')

@@ -197,3 +197,20 @@ def test_stateless_step_returns_values_and_the_next_state():
   finite, (scale, good), values = run(tf.constant([INF]), 4.0, 1)
   assert (bool(finite), float(scale), int(good)) == (False, 2.0, 0)
   assert values.numpy().tolist() == [10.0]
+
+
+def test_apply_step_in_a_tf1_graph_runs_the_chosen_side():
+  with tf.Graph().as_default():
+    scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=4.0)
+    var = tf.compat.v1.Variable([1.0], use_resource=True)
+    grad = tf.compat.v1.placeholder(tf.float32, [1])
+    update_op, applied = step.apply_step(
+        [grad], step.LossScaleState(scale), _sgd_apply([var]), scaled=[True])
+    train_op = tf.group(update_op, applied)
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      history = []
+      for value in (8.0, INF, 4.0):
+        sess.run(train_op, {grad: [value]})
+        history.append((sess.run(var).tolist(), float(sess.run(scale()))))
+  assert history == [([-1.0], 4.0), ([-1.0], 2.0), ([-3.0], 2.0)]

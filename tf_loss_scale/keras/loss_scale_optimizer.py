@@ -172,10 +172,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         strategy's scope.
     """
     distribute.check_strategy_supported(f'{type(self).__name__}.apply()')
-    if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
-      raise ValueError(
-          'apply() must be called in a replica context. Call it inside '
-          'strategy.run(...), as Model.fit does.')
+    # Keras's wording: "apply() must be called in a replica context".
+    distribute.require_replica_context('apply()')
     if not self.built:
       with keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
