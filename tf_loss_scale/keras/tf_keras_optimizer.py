@@ -37,12 +37,6 @@ from tf_loss_scale.keras import tf23_surface
 _DelegatingTrackable = tf.__internal__.tracking.DelegatingTrackableMixin
 
 
-def is_tf_keras_optimizer(optimizer: Any) -> bool:
-  """Whether `optimizer` is a tf_keras optimizer (legacy or not)."""
-  return isinstance(optimizer, (tf_keras.optimizers.legacy.Optimizer,
-                                tf_keras.optimizers.Optimizer))
-
-
 def wrap(optimizer: Any, loss_scale: Any) -> '_TfKerasLossScaleOptimizer':
   """Wraps a tf_keras optimizer in the class for its family.
 
