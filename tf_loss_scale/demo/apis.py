@@ -1,9 +1,10 @@
 """Which of the demo's APIs work with the installed TensorFlow and Keras.
 
 The Keras 3 run needs Keras 3 (TensorFlow 2.16 or later installs it); the
-custom-loop run needs the experimental wrapper to import with the installed
+custom-loop run needs the experimental wrapper to work with the installed
 Keras; the TF1 session loop needs only TensorFlow. Each API is tried by
-importing its run module, so the answer is what actually works here.
+importing its run module and taking one step through its front end, so the
+answer is what actually works here.
 """
 
 import importlib
@@ -15,13 +16,6 @@ _MODULES = {
     config_lib.KERAS: 'tf_loss_scale.demo.keras_run',
     config_lib.EXPERIMENTAL: 'tf_loss_scale.demo.experimental_run',
     config_lib.V1: 'tf_loss_scale.demo.v1_run',
-}
-# The library's front end each run uses (the Keras 3 run imports its front
-# end only where it is used, as the custom-loop run shares its module).
-_FRONT_ENDS = {
-    config_lib.KERAS: 'tf_loss_scale.keras.loss_scale_optimizer',
-    config_lib.EXPERIMENTAL: 'tf_loss_scale.keras.experimental',
-    config_lib.V1: 'tf_loss_scale.optimizer_v1',
 }
 # What 'auto' runs: the Keras 3 form where there is Keras 3, else the TF1
 # loop, which needs no Keras at all.
@@ -51,12 +45,13 @@ def unavailable_reason(api: str) -> Optional[str]:
       return (f'needs Keras 3 (TensorFlow 2.16 or later); keras '
               f'{keras_version} is installed')
   try:
-    for module in (_FRONT_ENDS[api], _MODULES[api]):
-      importlib.import_module(module)
-  # An import that fails on an older Keras may fail with any of these.
-  except (ImportError, AttributeError, TypeError) as error:
-    first_line = (str(error).strip().splitlines() or [''])[0]
-    return f'does not import here ({type(error).__name__}: {first_line})'
+    importlib.import_module(_MODULES[api])
+    _take_a_step(api)
+  # Whatever a front end that does not fit the installed Keras raises, on
+  # import or on its first step, means this API cannot run here; the reason
+  # names the error.
+  except Exception as error:  # pylint: disable=broad-except
+    return f'does not work here ({_one_line(error)})'
   return None
 
 
@@ -95,6 +90,47 @@ def resolve(requested: str) -> Tuple[str, str]:
 def run_module(api: str):
   """The module whose `train` runs one training of `api`."""
   return importlib.import_module(_MODULES[api])
+
+
+def _take_a_step(api: str) -> None:
+  """Applies one gradient through `api`'s front end, in a graph as its run does."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  if api == config_lib.V1:
+    from tf_loss_scale import optimizer_v1
+    with tf.Graph().as_default():
+      variable = tf.compat.v1.Variable(1.0)
+      train_op = optimizer_v1.MixedPrecisionLossScaleOptimizer(
+          tf.compat.v1.train.GradientDescentOptimizer(0.1),
+          'dynamic').minimize(2.0 * variable, var_list=[variable])
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(train_op)
+    return
+  import keras
+  layer = keras.layers.Dense(1)
+  layer.build((None, 1))
+  variables = layer.trainable_variables
+  if api == config_lib.KERAS:
+    from tf_loss_scale.keras import loss_scale_optimizer
+    optimizer = loss_scale_optimizer.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1))
+  else:
+    from tf_loss_scale.keras import experimental
+    optimizer = experimental.LossScaleOptimizer(keras.optimizers.SGD(0.1),
+                                                'dynamic')
+  optimizer.build(variables)
+  tf.function(lambda: optimizer.apply_gradients(
+      [(tf.ones_like(v), v) for v in variables]))()
+
+
+def _one_line(error: Exception) -> str:
+  # An error raised inside a tf.function starts with "in user code:" and
+  # ends with the line that says what went wrong.
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  message = lines[-1] if lines else ''
+  name = type(error).__name__
+  return message if message.startswith(name + ':') else f'{name}: {message}'
 
 
 def _keras_version() -> Optional[str]:

@@ -135,7 +135,7 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
     # LossScaleOptimizer; the run without scaling must stay unscaled.
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(),
-                  loss_weights=[config.loss_weight], auto_scale_loss=False)
+                  loss_weights=config.loss_weight, auto_scale_loss=False)
   recorder = record.Recorder(
       name, config, log_dir, stream,
       make_probe(kind, model, config, digits, optimizer))
