@@ -325,8 +325,10 @@ def test_cli_output_is_quiet_and_every_printed_command_works(tmp_path):
 @pytest.mark.skipif(onednn.accelerator_visible(),
                     reason='the notice is about the CPU kernels')
 def test_cli_keeps_onednn_on_when_asked(tmp_path):
-  done = _run_cli(['demo', '--api', 'v1', '--onednn', 'on', '--steps', '2',
-                   '--probe-every', '2', '--out', str(tmp_path)])
+  # Mirrored too: the two logical CPUs are made before the API check runs.
+  done = _run_cli(['demo', '--api', 'v1', '--strategy', 'mirrored',
+                   '--onednn', 'on', '--steps', '2', '--probe-every', '2',
+                   '--out', str(tmp_path)])
   assert done.returncode == 0, done.stderr
   assert done.stdout.splitlines()[0] == (
       f'oneDNN: on (--onednn on, {onednn.ENV}=1).')
@@ -442,3 +444,19 @@ def test_numbers_are_written_as_they_are_read():
                       (8.0, '8'), (0.1, '0.1'), (3.0, '3')):
     assert config_lib.format_number(value) == text
     assert config_lib.parse_number(text) == value
+
+
+def test_commands_use_a_console_script_only_from_this_environment(
+    monkeypatch):
+  here = os.path.dirname(sys.executable)
+  monkeypatch.setattr(report.shutil, 'which',
+                      lambda name: os.path.join(here, name))
+  assert report.command('tf-loss-scale', 'tf_loss_scale', 'inspect',
+                        'a b/ckpt') == "tf-loss-scale inspect 'a b/ckpt'"
+  # Another environment's script on the PATH would run other packages.
+  monkeypatch.setattr(report.shutil, 'which',
+                      lambda name: os.path.join('/elsewhere/bin', name))
+  assert report.command('tf-loss-scale', 'tf_loss_scale', 'inspect',
+                        'ckpt') == shlex.join(
+                            [sys.executable, '-m', 'tf_loss_scale', 'inspect',
+                             'ckpt'])

@@ -29,7 +29,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
   Returns:
     The exit code: 0 on success, 1 when a checkpoint holds no loss scale
-    state, 2 for a usage error or a missing or unreadable checkpoint.
+    state, 2 for a usage error (a `--api` that does not work with the
+    installed packages included) or a missing or unreadable checkpoint.
   """
   parser = _parser()
   args = parser.parse_args(argv)

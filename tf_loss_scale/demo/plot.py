@@ -115,7 +115,7 @@ def _draw_histogram(axes, run, probe_every):
   axes.set_xlabel('log$_2$ |gradient value|')
   axes.set_ylabel('% of non-zero gradient values')
   axes.set_title(
-      'gradients of a float32 copy of the scaled run (same weights), on a '
+      'gradients of a float32 copy of the scaled run (same weights),\non a '
       f'fixed batch of {config_lib.PROBE_EXAMPLES} images every '
       f'{probe_every} steps', fontsize=9)
   # Below the axes, clear of the threshold labels at the top.

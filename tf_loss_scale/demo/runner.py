@@ -68,6 +68,8 @@ def run_demo(config: config_lib.DemoConfig,
   log_path = os.path.join(config.out, TENSORFLOW_LOG)
   with (contextlib.nullcontext() if config.verbose
         else quiet.tensorflow_output_to(log_path)):
+    # Before anything runs on TensorFlow's devices, the API check included.
+    configure_devices(config)
     api, api_note = apis.resolve(config.api)
     stream.write(onednn_line + '\n')
     runs = _train_and_report(dataclasses.replace(config, api=api), api_note,
@@ -81,7 +83,6 @@ def _train_and_report(config: config_lib.DemoConfig, api_note: str,
                       stream: TextIO) -> List[results_lib.RunResult]:
   # The modules that import TensorFlow come in here, after the log switch.
   from tf_loss_scale.demo import plot  # pylint: disable=g-import-not-at-top
-  configure_devices(config)
   api_run = apis.run_module(config.api)
   digits = data_lib.load_digits(seed=config.seed)
   batches = data_lib.batch_indices(len(digits.x_train), config.batch_size,
