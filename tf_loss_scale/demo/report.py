@@ -1,4 +1,4 @@
-"""Text output of the demo: a progress bar per run and the results table."""
+"""Text output of the demo: progress bars, the results table and the commands to look further."""
 
 import importlib.util
 import os
