@@ -1,5 +1,9 @@
 """Tests of `python -m tf_loss_scale inspect` on checkpoints of every kind."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import keras
 import pytest
@@ -11,6 +15,7 @@ from tf_loss_scale import inspect_checkpoint
 from tf_loss_scale.keras import LossScaleOptimizer
 
 INF = float('inf')
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_LAYOUT = inspect_checkpoint.LAYOUTS[('current_loss_scale', 'good_steps')]
 KERAS_LAYOUT = inspect_checkpoint.LAYOUTS[('dynamic_scale', 'step_counter')]
 
@@ -199,3 +204,23 @@ def test_object_based_checkpoint_reports_option_counters(tmp_path):
       'scale', 16.0, 0, (('non_finite_streak', 1),))
   assert state.variables == ('scale/current_loss_scale', 'scale/good_steps',
                              'scale/non_finite_streak')
+
+
+def test_command_line_errors_are_one_line_without_tensorflow_log(tmp_path):
+  # A fresh process, TensorFlow's log level unset: its start-up lines would
+  # reach stderr before the error unless the command keeps them off.
+  bad_keras = tmp_path / 'bad.keras'
+  bad_keras.write_bytes(b'not a zip archive')
+  for path, fragment in ((tmp_path / 'nothing-here', 'nothing-here'),
+                         (bad_keras, 'bad.keras')):
+    environment = dict(os.environ, PYTHONPATH=_ROOT)
+    environment.pop('TF_CPP_MIN_LOG_LEVEL', None)
+    done = subprocess.run(
+        [sys.executable, '-m', 'tf_loss_scale', 'inspect', str(path)],
+        capture_output=True, text=True, timeout=300, env=environment,
+        check=False)
+    assert (done.returncode, done.stdout) == (2, ''), done
+    assert done.stderr.startswith('tf-loss-scale inspect: error: '), (
+        done.stderr)
+    assert done.stderr.count('\n') == 1 and fragment in done.stderr, (
+        done.stderr)
