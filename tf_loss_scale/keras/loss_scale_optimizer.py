@@ -6,10 +6,19 @@ create the state, so the variables are the `keras.Variable`s Keras's files,
 state trees and checkpoints expect. The computation is this library's: the
 step (`tf_loss_scale.step`), the update rule (`next_dynamic_state`) and the
 finite check (`tf_loss_scale.gradients`).
+
+Keras 3.3.3 (the Keras of TensorFlow 2.16) and later are supported. Where
+Keras's own class changed between those releases, this class follows the
+Keras it runs on (its variables, `get_config`, `iterations`, messages),
+except in two places where the older class lost a user's setting silently
+(see `_KerasReleases`): base optimizer arguments are refused and the inner
+optimizer's `loss_scale_factor` is cleared on every release, as Keras does
+from 3.12 and 3.10 on.
 """
 
 import math
 import numbers
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import keras
@@ -27,6 +36,97 @@ from tf_loss_scale.keras import wrapping
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
+
+
+# --- Keras releases (construction, build, config) -----------------------------
+
+
+class _KerasReleases:
+  """Which Keras 3 releases this class supports, and where they differ.
+
+  Keras's `LossScaleOptimizer` before 3.12 accepted the base optimizer
+  arguments (`clipnorm`, `use_ema`, ...) and ignored them, put them in its
+  config, and did not run the base optimizer's `build` (so it did not
+  record the variables it was built with); before 3.10 it left the inner
+  optimizer's `loss_scale_factor` set, which divided the gradients a second
+  time; before 3.9 its `iterations` was a counter of its own that never
+  advanced.
+  """
+
+  OLDEST = (3, 3, 3)
+  NEWEST_TESTED = (3, 15, 1)
+
+  def __init__(self, version: str):
+    leading = re.match(r'\d+(\.\d+)*', version)
+    self.version = version
+    self.release = tuple(int(n) for n in leading.group(0).split('.'))
+    # Keras's class itself refuses the base optimizer arguments, keeps its
+    # config to its own arguments and runs the base optimizer's build.
+    self.class_runs_base_build = self.release >= (3, 12)
+
+  def check_supported(self) -> None:
+    """Raises ImportError for a Keras older than the oldest supported."""
+    if self.release >= self.OLDEST:
+      return
+    oldest, newest = ('.'.join(map(str, r)) for r in (self.OLDEST,
+                                                       self.NEWEST_TESTED))
+    if self.release < (3,):
+      advice = ('TensorFlow 2.15 and earlier come with Keras 2: use '
+                'tf_loss_scale.keras.experimental.LossScaleOptimizer there.')
+    else:
+      advice = f"Upgrade it: pip install 'keras>={oldest}'."
+    raise ImportError(
+        'tf_loss_scale.keras.LossScaleOptimizer needs Keras 3, release '
+        f'{oldest} (the Keras of TensorFlow 2.16) or later; it is tested with '
+        f'Keras {oldest} to {newest}, but Keras {self.version} is installed. '
+        + advice)
+
+
+_KERAS = _KerasReleases(keras.__version__)
+_KERAS.check_supported()
+
+# The base optimizer's arguments and the values at which they do nothing:
+# the only values a loss scale optimizer accepts (old configs hold them).
+_BASE_OPTIMIZER_DEFAULTS = {
+    'weight_decay': None,
+    'clipnorm': None,
+    'global_clipnorm': None,
+    'clipvalue': None,
+    'use_ema': False,
+    'ema_momentum': 0.99,
+    'ema_overwrite_frequency': None,
+    'loss_scale_factor': None,
+    'gradient_accumulation_steps': None,
+}
+
+
+def _without_base_optimizer_defaults(
+    class_name: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+  """`kwargs` less base optimizer arguments at their defaults.
+
+  Args:
+    class_name: The optimizer's class name, for messages.
+    kwargs: The keyword arguments the constructor got beyond its own.
+
+  Returns:
+    What remains for Keras's constructor (`dynamic`, if given).
+
+  Raises:
+    ValueError: With Keras's wording, for a base optimizer argument with
+      another value (it would be ignored) or an unknown argument.
+  """
+  for name, default in _BASE_OPTIMIZER_DEFAULTS.items():
+    if name in kwargs and not (kwargs[name] is default or
+                               kwargs[name] == default):
+      raise ValueError(
+          f'{class_name} does not support `{name}`. Instead, set `{name}` '
+          'on the `inner_optimizer`.')
+  unknown = [name for name in kwargs
+             if name not in _BASE_OPTIMIZER_DEFAULTS and name != 'dynamic']
+  if unknown:
+    raise ValueError(
+        f'{class_name} does not support arguments: `{"`, `".join(unknown)}`.')
+  return {name: value for name, value in kwargs.items() if name == 'dynamic'}
 
 
 @keras.saving.register_keras_serializable(
@@ -96,8 +196,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     wrapping.check_inner_optimizer(inner_optimizer)
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
     distribute.check_strategy_supported(f'{type(self).__name__}()')
+    # Construction follows the Keras release (see _KerasReleases).
+    kwargs = _without_base_optimizer_defaults(type(self).__name__, kwargs)
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
                      name=name, **kwargs)
+    # The wrapper scales the loss; a factor left on the inner optimizer would
+    # divide the gradients again.
+    inner_optimizer.loss_scale_factor = None
     ownership.remember_wrapper(inner_optimizer, self)
     precision.warn_if_scaling_is_not_needed(
         keras.mixed_precision.global_policy().compute_dtype,
@@ -114,6 +219,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       var_list: The trainable variables this optimizer will update.
     """
     super().build(var_list)
+    if not _KERAS.class_runs_base_build:
+      # What Keras's class does from 3.12 on: the base optimizer records the
+      # variables (for `apply(grads)` and `stateless_apply`). With the base
+      # arguments at their defaults it creates no variable.
+      keras.optimizers.Optimizer.build(self, var_list)
     self._monitor.create()
 
   @property
