@@ -415,11 +415,16 @@ class _KerasVariablesState(step.ScaleState):
         tf.convert_to_tensor(opt.dynamic_scale),
         tf.convert_to_tensor(opt.step_counter), grads_finite,
         int(opt.dynamic_growth_steps), _MULTIPLIER)
-    return execution.op_in_graph_mode(lambda: tf.group(
-        opt.dynamic_scale.assign(new_scale),
-        opt.step_counter.assign(
-            tf.cast(new_counter, opt.step_counter.dtype)),
-        opt._monitor.record(grads_finite))), grads_finite  # pylint: disable=protected-access
+
+    def assign() -> Any:
+      # A Keras variable's assign returns no op (None in Keras 3.3, its
+      # input in later releases): the assignments run eagerly, or in
+      # program order inside a tf.function.
+      opt.dynamic_scale.assign(new_scale)
+      opt.step_counter.assign(tf.cast(new_counter, opt.step_counter.dtype))
+      return opt._monitor.record(grads_finite)  # pylint: disable=protected-access
+
+    return execution.op_in_graph_mode(assign), grads_finite
 
 
 class _SkipMonitor:
@@ -500,8 +505,9 @@ class _Scratch:
       for variable in model_variables:
         twin = keras.Variable(
             np.zeros(variable.shape, variable.dtype), dtype=variable.dtype,
-            trainable=True, name=variable.name,
-            constraint=variable.constraint)
+            trainable=True, name=variable.name)
+        # Set, not passed: Keras 3.3's Variable takes no constraint argument.
+        twin.constraint = variable.constraint
         if getattr(variable, 'overwrite_with_gradient', False):
           twin.overwrite_with_gradient = True
         scratch.append(twin)
