@@ -8,17 +8,16 @@ step (`tf_loss_scale.step`), the update rule (`next_dynamic_state`) and the
 finite check (`tf_loss_scale.gradients`).
 
 Keras 3.3.3 (the Keras of TensorFlow 2.16) and later are supported. Where
-Keras's own class changed between those releases, this class follows the
-Keras it runs on (its variables, `get_config`, `iterations`, messages),
-except in two places where the older class lost a user's setting silently
-(see `_KerasReleases`): base optimizer arguments are refused and the inner
+Keras's own class changed between those releases (`keras3_support`), this
+class follows the Keras it runs on (its variables, `get_config`,
+`iterations`, messages), except in two places where the older class lost a
+user's setting silently: base optimizer arguments are refused and the inner
 optimizer's `loss_scale_factor` is cleared on every release, as Keras does
 from 3.12 and 3.10 on.
 """
 
 import math
 import numbers
-import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import keras
@@ -31,59 +30,14 @@ from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
+# First: refuses an unsupported Keras before anything subclasses Keras 3's.
+from tf_loss_scale.keras import keras3_support
 from tf_loss_scale.keras import ownership
 from tf_loss_scale.keras import wrapping
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
 
-
-# --- Keras releases (construction, build, config) -----------------------------
-
-
-class _KerasReleases:
-  """Which Keras 3 releases this class supports, and where they differ.
-
-  Keras's `LossScaleOptimizer` before 3.12 accepted the base optimizer
-  arguments (`clipnorm`, `use_ema`, ...) and ignored them, put them in its
-  config, and did not run the base optimizer's `build` (so it did not
-  record the variables it was built with); before 3.10 it left the inner
-  optimizer's `loss_scale_factor` set, which divided the gradients a second
-  time; before 3.9 its `iterations` was a counter of its own that never
-  advanced.
-  """
-
-  OLDEST = (3, 3, 3)
-  NEWEST_TESTED = (3, 15, 1)
-
-  def __init__(self, version: str):
-    leading = re.match(r'\d+(\.\d+)*', version)
-    self.version = version
-    self.release = tuple(int(n) for n in leading.group(0).split('.'))
-    # Keras's class itself refuses the base optimizer arguments, keeps its
-    # config to its own arguments and runs the base optimizer's build.
-    self.class_runs_base_build = self.release >= (3, 12)
-
-  def check_supported(self) -> None:
-    """Raises ImportError for a Keras older than the oldest supported."""
-    if self.release >= self.OLDEST:
-      return
-    oldest, newest = ('.'.join(map(str, r)) for r in (self.OLDEST,
-                                                       self.NEWEST_TESTED))
-    if self.release < (3,):
-      advice = ('TensorFlow 2.15 and earlier come with Keras 2: use '
-                'tf_loss_scale.keras.experimental.LossScaleOptimizer there.')
-    else:
-      advice = f"Upgrade it: pip install 'keras>={oldest}'."
-    raise ImportError(
-        'tf_loss_scale.keras.LossScaleOptimizer needs Keras 3, release '
-        f'{oldest} (the Keras of TensorFlow 2.16) or later; it is tested with '
-        f'Keras {oldest} to {newest}, but Keras {self.version} is installed. '
-        + advice)
-
-
-_KERAS = _KerasReleases(keras.__version__)
-_KERAS.check_supported()
 
 # The base optimizer's arguments and the values at which they do nothing:
 # the only values a loss scale optimizer accepts (old configs hold them).
@@ -196,7 +150,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     wrapping.check_inner_optimizer(inner_optimizer)
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
     distribute.check_strategy_supported(f'{type(self).__name__}()')
-    # Construction follows the Keras release (see _KerasReleases).
+    # Base optimizer arguments: refused on every Keras release.
     kwargs = _without_base_optimizer_defaults(type(self).__name__, kwargs)
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
                      name=name, **kwargs)
@@ -219,7 +173,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       var_list: The trainable variables this optimizer will update.
     """
     super().build(var_list)
-    if not _KERAS.class_runs_base_build:
+    if not keras3_support.CLASS_RUNS_BASE_BUILD:
       # What Keras's class does from 3.12 on: the base optimizer records the
       # variables (for `apply(grads)` and `stateless_apply`). With the base
       # arguments at their defaults it creates no variable.
