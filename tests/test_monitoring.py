@@ -62,20 +62,6 @@ def _keras_3_form(*args, **kwargs):
   return LossScaleOptimizer(*args, **kwargs)
 
 
-def _keras_2():
-  """A Keras 2 to train with: tf.keras if it is Keras 2, else tf_keras."""
-  if versions.TF_KERAS_IS_KERAS_2:
-    return tf.keras
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  return tf_keras
-
-
-_KERAS_2 = versions.Condition(
-    bool(versions.TF_KERAS_IS_KERAS_2 or versions.TF_KERAS_INSTALLED),
-    'needs Keras 2: TensorFlow 2.15 or earlier, or tf_keras installed '
-    f'({versions.TF_KERAS_INSTALLED.reason})')
-
-
 def _check_events(log_dir, steps, what):
   events = _events(log_dir)
   for key, index in ((monitoring.SCALE, 0), (monitoring.GOOD_STEPS, 1),
@@ -384,9 +370,9 @@ def test_keras_callback_reads_keras_own_loss_scale_optimizer(tmp_path):
   assert monitoring.TAGS['skipped_steps'] not in events
 
 
-@_KERAS_2.mark
+@versions.KERAS_2.mark
 def test_keras_callback_with_keras_2_fit_and_keras_2s_own_optimizer(tmp_path):
-  k2 = _keras_2()
+  k2 = versions.keras_2()
   model = k2.Sequential([k2.layers.Dense(1, input_shape=(1,))])
   model.compile(optimizer=k2.mixed_precision.LossScaleOptimizer(
       k2.optimizers.SGD(0.01), initial_scale=8.0, dynamic_growth_steps=2),
@@ -411,10 +397,10 @@ def test_keras_callback_with_keras_2_fit_and_keras_2s_own_optimizer(tmp_path):
       step: scale for step, (scale, _, _) in enumerate(EXPECTED)}
 
 
-@_KERAS_2.mark
+@versions.KERAS_2.mark
 def test_keras_callback_with_keras_2_fit_and_the_tf23_form(tmp_path):
   from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
-  k2 = _keras_2()
+  k2 = versions.keras_2()
   model = k2.Sequential([k2.layers.Dense(1, input_shape=(1,))])
   model.compile(optimizer=experimental.LossScaleOptimizer(
       k2.optimizers.SGD(0.01),

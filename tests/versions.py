@@ -141,3 +141,18 @@ LIBRARY_INSTALLED = Condition(
     installed('tf_loss_scale') is not None,
     'needs tf_loss_scale installed (pip install .) in this Python; here it '
     'is imported from the checkout only')
+
+# A Keras 2 to train with in this process: tf.keras where it is Keras 2,
+# else tf_keras imported by name.
+KERAS_2 = Condition(
+    _KERAS_2_TF_KERAS or TF_KERAS is not None,
+    'needs Keras 2: TensorFlow 2.15 or earlier, or tf_keras installed '
+    f'({_VERSIONS})')
+
+
+def keras_2():
+  """The Keras 2 module KERAS_2 speaks of (call only where it holds)."""
+  if _KERAS_2_TF_KERAS:
+    return tf.keras
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  return tf_keras
