@@ -82,18 +82,20 @@ def test_config_of_a_keras_3_3_file_loads():
   assert float(np.asarray(opt.inner_optimizer.learning_rate.numpy())) == 0.5
 
 
+def _import_error(setup, statement):
+  """The ImportError message of `statement`, run in a fresh process."""
+  result = fresh_process.run(['-c', '\n'.join(
+      ['import json'] + setup +
+      ['try:', f'  {statement}', 'except ImportError as error:',
+       '  print(json.dumps(str(error)))'])])
+  assert result.returncode == 0, result.stderr
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 @_KERAS_3
 def test_a_keras_3_older_than_the_oldest_supported_is_refused():
-  result = fresh_process.run(['-c', '\n'.join([
-      'import json, keras',
-      "keras.__version__ = '3.2.1'",
-      'try:',
-      '  from tf_loss_scale.keras import LossScaleOptimizer',
-      'except ImportError as error:',
-      '  print(json.dumps(str(error)))',
-  ])])
-  assert result.returncode == 0, result.stderr
-  message = json.loads(result.stdout.strip().splitlines()[-1])
+  message = _import_error(['import keras', "keras.__version__ = '3.2.1'"],
+                          'from tf_loss_scale.keras import LossScaleOptimizer')
   for part in ('Keras 3.2.1 is installed', '3.3.3', '3.15.1',
                "pip install 'keras>=3.3.3'"):
     assert part in message, message
@@ -103,14 +105,6 @@ def test_a_keras_3_older_than_the_oldest_supported_is_refused():
                     'needs Keras 2 as `keras` (TensorFlow 2.15 and '
                     'earlier)').mark
 def test_the_keras_3_form_on_keras_2_names_the_form_that_works():
-  result = fresh_process.run(['-c', '\n'.join([
-      'import json',
-      'try:',
-      '  import tf_loss_scale.keras.loss_scale_optimizer',
-      'except ImportError as error:',
-      '  print(json.dumps(str(error)))',
-  ])])
-  assert result.returncode == 0, result.stderr
-  message = json.loads(result.stdout.strip().splitlines()[-1])
+  message = _import_error([], 'import tf_loss_scale.keras.loss_scale_optimizer')
   assert 'tf_loss_scale.keras.experimental.LossScaleOptimizer' in message
   assert f'Keras {keras.__version__} is installed' in message
