@@ -249,7 +249,8 @@ def _keras_of_family(path: str, family: str) -> Any:
     except (AttributeError, ImportError):
       pass  # Not a Keras this form runs on: its classes cannot be in use.
   if family == '2':
-    if tf.keras.__version__.startswith('2.'):
+    # Keras 3 as tf.keras has a version; TF 2.15's Keras 2 API module not.
+    if not getattr(tf.keras, '__version__', '2.').startswith('3.'):
       return tf.keras
     try:
       import tf_keras  # pylint: disable=g-import-not-at-top
