@@ -215,6 +215,27 @@ def test_dynamic_loss_scale_update_in_the_cross_replica_context(
   assert _local(mirrored_strategy, loss_scale.current_loss_scale) == [16, 16]
 
 
+def test_dynamic_loss_scale_update_takes_python_numbers_as_replica_gradients(
+    mirrored_strategy):
+  # `tf.cond(pred, lambda: 1., ...)` eagerly returns the Python float: a
+  # replica's gradient may be a number rather than a tensor.
+  def replica_gradient(bad_value):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return tf.constant(bad_value) if int(replica) == 0 else 1.0
+
+  verdicts = []
+  with mirrored_strategy.scope():
+    loss_scale = tf_loss_scale.DynamicLossScale(16, increment_period=1)
+    for bad_value in (1.0, NAN, 2.0):
+      grads = mirrored_strategy.extended.call_for_each_replica(
+          replica_gradient, args=(bad_value,))
+      _, should_apply = loss_scale.update([grads])
+      verdicts.append(bool(should_apply))
+  assert verdicts == [True, False, True]
+  # 16, doubled, halved, doubled (increment_period=1).
+  assert _local(mirrored_strategy, loss_scale.current_loss_scale) == [32, 32]
+
+
 def test_fixed_loss_scale_works_in_a_replica_context(mirrored_strategy):
   loss_scale = tf_loss_scale.FixedLossScale(4)
   results = mirrored_strategy.run(

@@ -481,6 +481,62 @@ def test_stateless_apply_in_a_function_matches_apply_step_for_step():
                                   _variables()[1].numpy())
 
 
+# Settings changed on the inner optimizer before each step (the same on the
+# stateful and the stateless optimizer): each must be honoured at once.
+_SETTING_CHANGES = [
+    {},
+    {'clipvalue': 0.1},
+    {'momentum': 0.9},
+    {'weight_decay': 0.2},
+    {'clipvalue': None, 'learning_rate': 0.05},
+    {'momentum': 0.0, 'weight_decay': None},
+]
+
+
+def test_stateless_apply_follows_the_inner_optimizers_current_settings():
+  stateful = LossScaleOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
+                                initial_scale=8.0, dynamic_growth_steps=2)
+  stateless = LossScaleOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
+                                 initial_scale=8.0, dynamic_growth_steps=2)
+  our_vars, free_vars = _variables(), _variables()
+  stateful.build(our_vars)
+  stateless.build(free_vars)
+  model_values = [v.value for v in free_vars]
+  optimizer_values = [v.value for v in stateless.variables]
+  kinds = ['ok', 'ok', 'inf', 'ok', 'ok', 'ok']
+  for i, (changes, kind) in enumerate(zip(_SETTING_CHANGES, kinds)):
+    for name, value in changes.items():
+      setattr(stateful.inner_optimizer, name, value)
+      setattr(stateless.inner_optimizer, name, value)
+    if 'learning_rate' in changes:
+      # The learning rate is a variable: its new value travels as a value.
+      index = next(k for k, v in enumerate(stateless.variables)
+                   if v is stateless.inner_optimizer.learning_rate)
+      optimizer_values[index] = tf.constant(changes['learning_rate'])
+    grads = [tf.constant(g) for g in _grads(i, kind)]
+    stateful.apply([g * stateful.dynamic_scale for g in grads], our_vars)
+    model_values, optimizer_values = stateless.stateless_apply(
+        optimizer_values, [g * optimizer_values[3] for g in grads],
+        model_values)
+    for j, (mine, theirs) in enumerate(zip(our_vars, model_values)):
+      np.testing.assert_allclose(
+          mine.numpy(), theirs.numpy(), rtol=1e-6,
+          err_msg=f'step {i} after {changes}: model variable {j}')
+    for v, value in zip(stateful.variables, optimizer_values):
+      np.testing.assert_allclose(
+          np.asarray(v.numpy()), np.asarray(value), rtol=1e-6,
+          err_msg=f'step {i} after {changes}: {v.path}')
+  # The changes mattered: without them the same steps end elsewhere.
+  unchanged = LossScaleOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
+                                 initial_scale=8.0, dynamic_growth_steps=2)
+  unchanged_vars = _variables()
+  unchanged.build(unchanged_vars)
+  for i, kind in enumerate(kinds):
+    unchanged.apply([tf.constant(g) * unchanged.dynamic_scale
+                     for g in _grads(i, kind)], unchanged_vars)
+  assert not np.allclose(unchanged_vars[0].numpy(), our_vars[0].numpy())
+
+
 def test_stateless_apply_needs_a_built_optimizer():
   opt = LossScaleOptimizer(keras.optimizers.SGD(0.5))
   with pytest.raises(ValueError, match='must be built'):

@@ -202,9 +202,10 @@ def apply_on_every_replica_if(
     on_skip: Runs when the step is skipped.
 
   Returns:
-    Whether the step was applied: a bool tensor, or `True` eagerly and in a
-    `tf.function` when `should_apply` is `True`. In a TF1 graph it is always
-    a tensor, and evaluating it runs the chosen side.
+    Whether the step was applied: eagerly `True` (when `should_apply` is) or
+    a bool tensor; in a graph (TF1 or `tf.function`) always a bool tensor,
+    ready only once the chosen side has run, so that control dependencies on
+    it order later ops after the step.
   """
   def apply_everywhere(gate: Sequence[tf.Tensor] = ()) -> tf.Operation:
     def apply_on_replica(*replica_args):
@@ -216,9 +217,8 @@ def apply_on_every_replica_if(
 
   if should_apply is True:
     applied = apply_everywhere()
-    if not execution.in_tf1_graph():
+    if tf.executing_eagerly():
       return True
-    # A Session runs only what is fetched: the apply op must be reachable.
     with tf.control_dependencies([applied]):
       return tf.constant(True)
   if execution.in_tf1_graph():

@@ -141,15 +141,13 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
     variables = [v for _, v in grads_and_vars]
     # tf.compat.v1 optimizers sum the gradients inside their own merge_call,
     # so the step takes its verdict with one scalar reduction
-    # (`reduces=True`; see tf_loss_scale.step).
-    update_op, applied = step.apply_step(
+    # (`reduces=True`; see tf_loss_scale.step). The inner optimizer names its
+    # ops itself: `name` is for the op returned, one op for every replica.
+    return step.apply_step(
         [g for g, _ in grads_and_vars], step.LossScaleState(self._loss_scale),
         lambda grads: self._optimizer.apply_gradients(
-            list(zip(grads, variables)), global_step))
-    # The inner optimizer names its ops itself: `name` is for the op returned.
-    return tf.group(*[op for op in (applied, update_op)
-                      if isinstance(op, (tf.Tensor, tf.Operation))],
-                    name=name or self.get_name())
+            list(zip(grads, variables)), global_step),
+        name=name or self.get_name()).op
 
   def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:
     """Returns the wrapped optimizer's slot `name` for `var`, or None."""

@@ -137,15 +137,14 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     distribute.require_replica_context(where)
     pairs = list(grads_and_vars)
     variables = [v for _, v in pairs]
-    update_op, applied = step.apply_step(
+    op = step.apply_step(
         [g for g, _ in pairs], step.LossScaleState(self._loss_scale),
         lambda grads: apply_inner(list(zip(grads, variables))),
-        reduces=not aggregate, on_skip=self._count_skipped_step)
-    if not execution.in_tf1_graph():
-      # Eagerly the step has run; in a tf.function its ops run in program
-      # order, and an op would not pass through strategy.run.
-      return None
-    return tf.group([op for op in (update_op, applied) if op is not None])
+        reduces=not aggregate,
+        on_skip=lambda _: self._count_skipped_step()).op
+    # Eagerly the step has run; in a tf.function its ops run in program
+    # order.
+    return op if execution.in_tf1_graph() else None
 
   def _count_skipped_step(self) -> Any:
     # TF 2.3: `iterations` counts every step, applied or skipped.

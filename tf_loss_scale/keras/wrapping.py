@@ -136,7 +136,7 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     step.apply_step(
         grads, step.LossScaleState(self._loss_scale),
         lambda g: self.inner_optimizer.apply(g, trainable_variables),
-        on_skip=self._on_skipped_step)
+        on_skip=lambda _: self._on_skipped_step())
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]) -> Any:
     """Applies `(gradient, variable)` pairs like `apply`.
