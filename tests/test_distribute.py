@@ -367,30 +367,3 @@ def test_apply_on_every_replica_if_in_a_tf1_graph_gates_ops_built_on_replicas(
     per_replica = session.run(
         list(mirrored_strategy.experimental_local_results(counter)))
   assert per_replica == ([1.0, 1.0] if should_apply else [0.0, 0.0])
-
-
-def test_check_strategy_supported_accepts_mirrored_and_no_strategy(
-    mirrored_strategy):
-  distribute.check_strategy_supported('LossScaleOptimizer')
-  with mirrored_strategy.scope():
-    distribute.check_strategy_supported('LossScaleOptimizer')
-
-
-def test_check_strategy_supported_refuses_central_storage():
-  strategy = tf.distribute.experimental.CentralStorageStrategy(
-      ['/cpu:0', '/cpu:1'], parameter_device='/cpu:0')
-  with strategy.scope():
-    with pytest.raises(ValueError,
-                       match='^LossScaleOptimizer: .*CentralStorageStrategy'):
-      distribute.check_strategy_supported('LossScaleOptimizer')
-
-
-def test_check_strategy_supported_refuses_tpu_strategy(monkeypatch):
-  # No TPU here: an uninitialised TPUStrategy stands in for the current one.
-  fake_tpu = object.__new__(tf.distribute.TPUStrategy)
-  monkeypatch.setattr(tf.distribute, 'has_strategy', lambda: True)
-  monkeypatch.setattr(tf.distribute, 'get_strategy', lambda: fake_tpu)
-  with pytest.raises(ValueError,
-                     match='not supported under TPUStrategy.*bfloat16.*inner '
-                     'optimizer on its own'):
-    distribute.check_strategy_supported('LossScaleOptimizer')

@@ -19,11 +19,10 @@ import tensorflow as tf
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
+from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
-from tf_loss_scale.keras import ownership
-from tf_loss_scale.keras import wrapping
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
@@ -93,12 +92,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         an out of range number, an inner optimizer that is a loss scale
         optimizer or is already wrapped; or under an unsupported strategy.
     """
-    wrapping.check_inner_optimizer(inner_optimizer)
+    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM)
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
-    distribute.check_strategy_supported(f'{type(self).__name__}()')
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
                      name=name, **kwargs)
-    ownership.remember_wrapper(inner_optimizer, self)
     precision.warn_if_scaling_is_not_needed(
         keras.mixed_precision.global_policy().compute_dtype,
         type(self).__name__)
@@ -172,13 +169,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         or when the optimizer's variables were not created in the current
         strategy's scope.
     """
-    distribute.check_strategy_supported(f'{type(self).__name__}.apply()')
+    where = f'{type(self).__name__}.apply()'
+    guards.check_step(where, [self.inner_optimizer])
     # Keras's wording: "apply() must be called in a replica context".
     distribute.require_replica_context('apply()')
     if not self.built:
       with keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
-    self._check_variables_belong_to_strategy()
+    guards.check_step(where, [self.dynamic_scale, self.step_counter])
     variables = list(trainable_variables or self._trainable_variables)
     grads = list(grads)
     step.apply_step(
@@ -272,24 +270,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       A new, unbuilt `LossScaleOptimizer`.
     """
     return super().from_config(dict(config), custom_objects=custom_objects)
-
-  def _check_variables_belong_to_strategy(self) -> None:
-    # Variables created outside strategy.scope() are plain variables that
-    # the replicas would each update on their own: refuse before anything
-    # runs, so that no step is half-applied.
-    if not tf.distribute.has_strategy():
-      return
-    strategy = tf.distribute.get_strategy()
-    for variable in (self.dynamic_scale, self.step_counter,
-                     self.inner_optimizer.iterations):
-      if not strategy.extended.variable_created_in_scope(variable.value):
-        raise ValueError(
-            f'{type(self).__name__}.apply() runs under '
-            f'{type(strategy).__name__}, but the optimizer variable '
-            f'{variable.path!r} was not created in its scope, so the '
-            'replicas would not share it. Create the optimizer (and the '
-            'model) inside `with strategy.scope():`, or apply it without '
-            'the strategy.')
 
 
 class _KerasScale(step.ScaleState):
