@@ -451,31 +451,43 @@ def test_stateless_apply_returns_the_step_and_leaves_variables_alone():
   np.testing.assert_allclose(skipped_optimizer[6].numpy(), [-0.5, -1.0])
 
 
-def test_stateless_apply_in_a_function_matches_apply_step_for_step():
-  stateful = LossScaleOptimizer(keras.optimizers.Adam(0.05), initial_scale=8.0,
-                                dynamic_growth_steps=2)
-  stateless = LossScaleOptimizer(keras.optimizers.Adam(0.05),
-                                 initial_scale=8.0, dynamic_growth_steps=2)
-  our_vars, free_vars = _variables(), _variables()
-  stateful.build(our_vars)
-  stateless.build(free_vars)
-  model_values = [v.value for v in free_vars]
-  optimizer_values = [v.value for v in stateless.variables]
-  pure_step = tf.function(stateless.stateless_apply)
-  for i, kind in enumerate(SEQUENCE):
-    grads = [tf.constant(g) * 8.0 for g in _grads(i, kind)]
-    stateful.apply([g * stateful.dynamic_scale / 8.0 for g in grads],
-                   our_vars)
-    model_values, optimizer_values = pure_step(
-        optimizer_values,
-        [g * optimizer_values[3] / 8.0 for g in grads], model_values)
-    for j, (mine, theirs) in enumerate(zip(our_vars, model_values)):
+class _StatefulAndStateless:
+  """Two equal optimizers: one applied, one stepped by stateless_apply."""
+
+  def __init__(self, make_inner):
+    self.stateful = LossScaleOptimizer(make_inner(), initial_scale=8.0,
+                                       dynamic_growth_steps=2)
+    self.stateless = LossScaleOptimizer(make_inner(), initial_scale=8.0,
+                                        dynamic_growth_steps=2)
+    self.variables, self.free_variables = _variables(), _variables()
+    self.stateful.build(self.variables)
+    self.stateless.build(self.free_variables)
+    self.model_values = [v.value for v in self.free_variables]
+    self.optimizer_values = [v.value for v in self.stateless.variables]
+
+  def step(self, grads, stateless_apply, when):
+    """Applies unscaled `grads` both ways; the results must be equal."""
+    self.stateful.apply([g * self.stateful.dynamic_scale for g in grads],
+                        self.variables)
+    self.model_values, self.optimizer_values = stateless_apply(
+        self.optimizer_values, [g * self.optimizer_values[3] for g in grads],
+        self.model_values)
+    for j, (mine, theirs) in enumerate(zip(self.variables,
+                                           self.model_values)):
       np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-6,
-                                 err_msg=f'step {i}: model variable {j}')
-    for v, value in zip(stateful.variables, optimizer_values):
+                                 err_msg=f'{when}: model variable {j}')
+    for v, value in zip(self.stateful.variables, self.optimizer_values):
       np.testing.assert_allclose(np.asarray(v.numpy()), np.asarray(value),
-                                 rtol=1e-6, err_msg=f'step {i}: {v.path}')
-  for v in free_vars:  # never assigned
+                                 rtol=1e-6, err_msg=f'{when}: {v.path}')
+
+
+def test_stateless_apply_in_a_function_matches_apply_step_for_step():
+  pair = _StatefulAndStateless(lambda: keras.optimizers.Adam(0.05))
+  pure_step = tf.function(pair.stateless.stateless_apply)
+  for i, kind in enumerate(SEQUENCE):
+    pair.step([tf.constant(g) for g in _grads(i, kind)], pure_step,
+              f'step {i}')
+  for v in pair.free_variables:  # never assigned
     np.testing.assert_array_equal(v.numpy(), _variables()[0].numpy()
                                   if v.shape == (4,) else
                                   _variables()[1].numpy())
@@ -494,38 +506,20 @@ _SETTING_CHANGES = [
 
 
 def test_stateless_apply_follows_the_inner_optimizers_current_settings():
-  stateful = LossScaleOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
-                                initial_scale=8.0, dynamic_growth_steps=2)
-  stateless = LossScaleOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
-                                 initial_scale=8.0, dynamic_growth_steps=2)
-  our_vars, free_vars = _variables(), _variables()
-  stateful.build(our_vars)
-  stateless.build(free_vars)
-  model_values = [v.value for v in free_vars]
-  optimizer_values = [v.value for v in stateless.variables]
+  pair = _StatefulAndStateless(
+      lambda: keras.optimizers.SGD(0.5, momentum=0.5))
   kinds = ['ok', 'ok', 'inf', 'ok', 'ok', 'ok']
   for i, (changes, kind) in enumerate(zip(_SETTING_CHANGES, kinds)):
     for name, value in changes.items():
-      setattr(stateful.inner_optimizer, name, value)
-      setattr(stateless.inner_optimizer, name, value)
+      setattr(pair.stateful.inner_optimizer, name, value)
+      setattr(pair.stateless.inner_optimizer, name, value)
     if 'learning_rate' in changes:
       # The learning rate is a variable: its new value travels as a value.
-      index = next(k for k, v in enumerate(stateless.variables)
-                   if v is stateless.inner_optimizer.learning_rate)
-      optimizer_values[index] = tf.constant(changes['learning_rate'])
-    grads = [tf.constant(g) for g in _grads(i, kind)]
-    stateful.apply([g * stateful.dynamic_scale for g in grads], our_vars)
-    model_values, optimizer_values = stateless.stateless_apply(
-        optimizer_values, [g * optimizer_values[3] for g in grads],
-        model_values)
-    for j, (mine, theirs) in enumerate(zip(our_vars, model_values)):
-      np.testing.assert_allclose(
-          mine.numpy(), theirs.numpy(), rtol=1e-6,
-          err_msg=f'step {i} after {changes}: model variable {j}')
-    for v, value in zip(stateful.variables, optimizer_values):
-      np.testing.assert_allclose(
-          np.asarray(v.numpy()), np.asarray(value), rtol=1e-6,
-          err_msg=f'step {i} after {changes}: {v.path}')
+      index = next(k for k, v in enumerate(pair.stateless.variables)
+                   if v is pair.stateless.inner_optimizer.learning_rate)
+      pair.optimizer_values[index] = tf.constant(changes['learning_rate'])
+    pair.step([tf.constant(g) for g in _grads(i, kind)],
+              pair.stateless.stateless_apply, f'step {i} after {changes}')
   # The changes mattered: without them the same steps end elsewhere.
   unchanged = LossScaleOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
                                  initial_scale=8.0, dynamic_growth_steps=2)
@@ -534,7 +528,8 @@ def test_stateless_apply_follows_the_inner_optimizers_current_settings():
   for i, kind in enumerate(kinds):
     unchanged.apply([tf.constant(g) * unchanged.dynamic_scale
                      for g in _grads(i, kind)], unchanged_vars)
-  assert not np.allclose(unchanged_vars[0].numpy(), our_vars[0].numpy())
+  assert not np.allclose(unchanged_vars[0].numpy(),
+                         pair.variables[0].numpy())
 
 
 def test_stateless_apply_needs_a_built_optimizer():
