@@ -1,6 +1,8 @@
 """The benchmark's count of cross-replica reductions per step
-(benchmarks/collectives.py), on steps whose reductions are known, and the
-v1 optimizer's bound: at most one reduction beyond the bare optimizer's.
+(benchmarks/collectives.py), on steps whose reductions are known, and what
+each front end adds to its bare optimizer's: one scalar for the v1 wrapper
+and the Keras 3 form (whose inner optimizers sum after the verdict), none
+for the experimental form around tf_keras (which sums once itself).
 
 Only traced, never run: tracing is enough to read the graph.
 """
@@ -84,20 +86,51 @@ def test_a_reduce_to_the_host_counts_one(mirrored_strategy):
   assert collectives.in_graph_def(graph_def, replicas=2) == 1
 
 
-def test_v1_optimizer_adds_at_most_one_reduction_to_the_bare_one(
-    mirrored_strategy):
+@pytest.mark.parametrize('family', ['v1', 'keras'])
+def test_v1_and_keras3_forms_add_exactly_one_reduction_to_the_bare_one(
+    mirrored_strategy, family):
+  # The verdict's one scalar: a bound on the sums, which the inner optimizer
+  # computes after the verdict.
   counts = {
       variant: collectives.per_replica_step(
-          variants.build('mirrored', 'v1', variant,
+          variants.build('mirrored', family, variant,
                          workloads.WORKLOADS['cnn'], mirrored_strategy).step,
           mirrored_strategy)
       for variant in ('bare', 'ours')
   }
   assert counts['bare'] >= 1, counts  # The gradients are all-reduced.
-  assert counts['ours'] - counts['bare'] <= 1, counts
+  assert counts['ours'] - counts['bare'] == 1, counts
 
 
 @pytest.mark.parametrize('op', ['CollectiveReduceV2', 'CollectiveGatherV2',
                                 'NcclAllReduce', 'CollectiveBcastSendV2'])
 def test_known_collective_op_types(op):
   assert op in collectives.COLLECTIVE_OPS
+
+
+def test_experimental_form_around_tf_keras_adds_no_reduction(
+    mirrored_strategy):
+  # It sums the gradients once itself, in the inner optimizer's stead, and
+  # decides on those sums.
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
+
+  def count(wrap):
+    with mirrored_strategy.scope():
+      variables = [tf.Variable(tf.ones([3])), tf.Variable(tf.ones([2, 2]))]
+      optimizer = wrap(tf_keras.optimizers.legacy.SGD(0.1))
+
+    def replica_step():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(variables[0]) + tf.reduce_sum(variables[1])
+      optimizer.apply_gradients(
+          zip(tape.gradient(loss, variables), variables))
+
+    return collectives.per_replica_step(
+        tf.function(lambda: mirrored_strategy.run(replica_step)),
+        mirrored_strategy)
+
+  bare = count(lambda inner: inner)
+  ours = count(lambda inner: experimental.LossScaleOptimizer(inner, 'dynamic'))
+  assert bare >= 1, bare
+  assert ours == bare, (bare, ours)

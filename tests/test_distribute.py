@@ -215,6 +215,27 @@ def test_dynamic_loss_scale_update_in_the_cross_replica_context(
   assert _local(mirrored_strategy, loss_scale.current_loss_scale) == [16, 16]
 
 
+def test_dynamic_loss_scale_update_takes_python_numbers_as_replica_gradients(
+    mirrored_strategy):
+  # `tf.cond(pred, lambda: 1., ...)` eagerly returns the Python float: a
+  # replica's gradient may be a number rather than a tensor.
+  def replica_gradient(bad_value):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return tf.constant(bad_value) if int(replica) == 0 else 1.0
+
+  verdicts = []
+  with mirrored_strategy.scope():
+    loss_scale = tf_loss_scale.DynamicLossScale(16, increment_period=1)
+    for bad_value in (1.0, NAN, 2.0):
+      grads = mirrored_strategy.extended.call_for_each_replica(
+          replica_gradient, args=(bad_value,))
+      _, should_apply = loss_scale.update([grads])
+      verdicts.append(bool(should_apply))
+  assert verdicts == [True, False, True]
+  # 16, doubled, halved, doubled (increment_period=1).
+  assert _local(mirrored_strategy, loss_scale.current_loss_scale) == [32, 32]
+
+
 def test_fixed_loss_scale_works_in_a_replica_context(mirrored_strategy):
   loss_scale = tf_loss_scale.FixedLossScale(4)
   results = mirrored_strategy.run(
@@ -346,30 +367,3 @@ def test_apply_on_every_replica_if_in_a_tf1_graph_gates_ops_built_on_replicas(
     per_replica = session.run(
         list(mirrored_strategy.experimental_local_results(counter)))
   assert per_replica == ([1.0, 1.0] if should_apply else [0.0, 0.0])
-
-
-def test_check_strategy_supported_accepts_mirrored_and_no_strategy(
-    mirrored_strategy):
-  distribute.check_strategy_supported('LossScaleOptimizer')
-  with mirrored_strategy.scope():
-    distribute.check_strategy_supported('LossScaleOptimizer')
-
-
-def test_check_strategy_supported_refuses_central_storage():
-  strategy = tf.distribute.experimental.CentralStorageStrategy(
-      ['/cpu:0', '/cpu:1'], parameter_device='/cpu:0')
-  with strategy.scope():
-    with pytest.raises(ValueError,
-                       match='^LossScaleOptimizer: .*CentralStorageStrategy'):
-      distribute.check_strategy_supported('LossScaleOptimizer')
-
-
-def test_check_strategy_supported_refuses_tpu_strategy(monkeypatch):
-  # No TPU here: an uninitialised TPUStrategy stands in for the current one.
-  fake_tpu = object.__new__(tf.distribute.TPUStrategy)
-  monkeypatch.setattr(tf.distribute, 'has_strategy', lambda: True)
-  monkeypatch.setattr(tf.distribute, 'get_strategy', lambda: fake_tpu)
-  with pytest.raises(ValueError,
-                     match='not supported under TPUStrategy.*bfloat16.*inner '
-                     'optimizer on its own'):
-    distribute.check_strategy_supported('LossScaleOptimizer')

@@ -268,3 +268,10 @@ def test_dense_values_flattens_and_drops_none():
   assert values[1] is sparse.values
   assert gradients.dense_values(None) == []
   assert gradients.dense_values(dense) == [dense]
+
+
+def test_python_numbers_are_gradients_too():
+  values = gradients.dense_values([1.0, None, 3.0])
+  assert [v.numpy().item() for v in values] == [1.0, 3.0]
+  assert bool(gradients.all_finite([1.0, 2.0]))
+  assert not bool(gradients.all_finite([1.0, float('nan')]))

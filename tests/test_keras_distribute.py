@@ -287,8 +287,8 @@ def test_optimizer_built_outside_the_scope_is_refused_before_anything_runs(
   var = keras.Variable(np.array([1.0], np.float32))
   opt.build([var])
   with pytest.raises(ValueError,
-                     match=r'not created in its scope.*inside `with '
-                     r'strategy.scope\(\):`'):
+                     match=r'created outside the scope of the '
+                     r'MirroredStrategy.*inside `with strategy.scope\(\):`'):
     mirrored_strategy.run(lambda: opt.apply([tf.constant([8.0])], [var]))
   assert var.numpy().tolist() == [1.0]
   assert float(opt.dynamic_scale.numpy()) == 8.0

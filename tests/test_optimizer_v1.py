@@ -401,6 +401,29 @@ def test_apply_gradients_in_a_cross_replica_context_raises(mirrored_strategy):
 # --- Under MirroredStrategy ---------------------------------------------------
 
 
+def test_minimize_on_two_replicas_in_a_tf1_graph_is_one_fetchable_op(
+    mirrored_strategy):
+  # As TensorFlow's wrapper: every replica returns the same Operation, so
+  # what `strategy.run` returns is that op, not a PerReplica of ops.
+  with tf.Graph().as_default():
+    with mirrored_strategy.scope():
+      var = tf.Variable([5.0])
+      optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+          tf.compat.v1.train.GradientDescentOptimizer(1.0),
+          tf_loss_scale.DynamicLossScale(initial_loss_scale=2,
+                                         increment_period=1))
+      train_op = mirrored_strategy.run(lambda: optimizer.minimize(
+          lambda: var * 0.5, var_list=[var], name='train'))
+    assert isinstance(train_op, tf.Operation), type(train_op)
+    assert train_op.name == 'train'
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+      # 0.5 per replica, summed over two: 5 - 1.
+      assert session.run(var).tolist() == [4.0]
+      assert session.run(optimizer.loss_scale()) == 4.0
+
+
 def _mirrored_training(strategy, classes, bad_steps, mode='function'):
   """Trains with `minimize` on two replicas; one replica may overflow.
 

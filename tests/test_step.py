@@ -1,9 +1,10 @@
 """Specification of tf_loss_scale/step.py: the one step every front end runs.
 
-Each test drives `apply_step` or `stateless_step` directly with a small
-apply function, so what is checked is the step itself: which gradients are
-unscaled, what the verdict is about, how the state moves, and that a skipped
-step applies nothing on any replica.
+Each test drives `apply_step` directly with a small apply function and a
+stateful or stateless state, so what is checked is the step itself: which
+gradients are unscaled, what the verdict is about, that the state moves only
+after the side taken has completed, and that a skipped step applies nothing
+on any replica.
 """
 
 import keras
@@ -35,7 +36,7 @@ def test_apply_step_unscales_marked_gradients_and_advances(in_function):
 
   def run(grads):
     return step.apply_step(grads, step.LossScaleState(scale),
-                           _sgd_apply([a, b]), scaled=[True, False])[1]
+                           _sgd_apply([a, b]), scaled=[True, False]).applied
 
   run = tf.function(run) if in_function else run
   # a's gradient is of the scaled loss (8 / 4 = 2); b's is taken as it is.
@@ -52,19 +53,19 @@ def test_apply_step_unscales_marked_gradients_and_advances(in_function):
 def test_apply_step_skips_on_nan_in_an_unscaled_gradient():
   scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=4.0)
   var = tf.Variable([1.0])
-  _, applied = step.apply_step([tf.constant([NAN])],
-                               step.LossScaleState(scale), _sgd_apply([var]))
-  assert not bool(applied)
+  outcome = step.apply_step([tf.constant([NAN])], step.LossScaleState(scale),
+                            _sgd_apply([var]))
+  assert not bool(outcome.applied)
   assert var.numpy().tolist() == [1.0]
   assert float(scale()) == 2.0
 
 
 def test_apply_step_with_a_fixed_scale_applies_every_step():
   var = tf.Variable([1.0])
-  _, applied = step.apply_step(
+  outcome = step.apply_step(
       [tf.constant([INF])], step.LossScaleState(tf_loss_scale.FixedLossScale(2)),
       _sgd_apply([var]), scaled=[True])
-  assert applied is True
+  assert outcome.applied is True and outcome.op is None
   assert var.numpy().tolist() == [-INF]
 
 
@@ -91,20 +92,27 @@ def test_apply_step_lets_a_user_loss_scale_decide_through_update():
   var = tf.Variable([0.0])
   state = step.LossScaleState(_SkipsOddSteps())
   applied = [bool(step.apply_step([tf.constant([2.0])], state,
-                                  _sgd_apply([var]), scaled=[True])[1])
+                                  _sgd_apply([var]), scaled=[True]).applied)
              for _ in range(4)]
   assert applied == [True, False, True, False]
   assert var.numpy().tolist() == [-2.0]  # two steps of 2 / 2
 
 
-def test_apply_step_runs_on_skip_once_per_skipped_step():
+def test_apply_step_runs_on_skip_once_per_skipped_step_with_its_gradients():
   skips = tf.Variable(0)
+  seen = []
   var = tf.Variable([1.0])
   state = step.LossScaleState(tf_loss_scale.DynamicLossScale())
-  for grad in (1.0, INF, 2.0, NAN):
+
+  def on_skip(grads):
+    seen.append(float(grads[0][0]))
+    return skips.assign_add(1)
+
+  for grad in (1.0, INF, 2.0, -INF):
     step.apply_step([tf.constant([grad])], state, _sgd_apply([var]),
-                    on_skip=lambda: skips.assign_add(1))
+                    on_skip=on_skip)
   assert int(skips) == 2
+  assert seen == [INF, -INF]
   assert var.numpy().tolist() == [-2.0]
 
 
@@ -136,7 +144,7 @@ def test_reducing_step_decides_on_the_sums_and_applies_them_once(
       grad = _replica_gradient(per_replica_values, tf.float16)
       return step.apply_step([tf.stack([grad, tf.constant(1.0, tf.float16)])],
                              step.LossScaleState(scale), _sgd_apply([var]),
-                             reduces=False)[1]
+                             reduces=False).applied
     return mirrored_strategy.run(replica_fn)
 
   def check(applied, expected_applied, when):
@@ -180,33 +188,14 @@ def test_step_with_a_reducing_keras_optimizer_skips_a_sum_overflow(
   assert int(sgd.iterations.numpy()) == 1
 
 
-# --- stateless_step ------------------------------------------------------------
-
-
-def test_stateless_step_returns_values_and_the_next_state():
-  def run(grad, scale, good_steps):
-    return step.stateless_step(
-        [grad], tf.constant(scale), tf.constant(good_steps, tf.int64),
-        increment_period=2, multiplier=2.0, scaled=[True],
-        apply_values=lambda grads: 10.0 - grads[0],
-        unchanged_values=lambda: tf.constant([10.0]))
-
-  finite, (scale, good), values = run(tf.constant([8.0]), 4.0, 1)
-  assert (bool(finite), float(scale), int(good)) == (True, 8.0, 0)
-  assert values.numpy().tolist() == [8.0]
-  finite, (scale, good), values = run(tf.constant([INF]), 4.0, 1)
-  assert (bool(finite), float(scale), int(good)) == (False, 2.0, 0)
-  assert values.numpy().tolist() == [10.0]
-
-
 def test_apply_step_in_a_tf1_graph_runs_the_chosen_side():
   with tf.Graph().as_default():
     scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=4.0)
     var = tf.compat.v1.Variable([1.0], use_resource=True)
     grad = tf.compat.v1.placeholder(tf.float32, [1])
-    update_op, applied = step.apply_step(
-        [grad], step.LossScaleState(scale), _sgd_apply([var]), scaled=[True])
-    train_op = tf.group(update_op, applied)
+    train_op = step.apply_step(
+        [grad], step.LossScaleState(scale), _sgd_apply([var]),
+        scaled=[True]).op
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       history = []
@@ -214,3 +203,120 @@ def test_apply_step_in_a_tf1_graph_runs_the_chosen_side():
         sess.run(train_op, {grad: [value]})
         history.append((sess.run(var).tolist(), float(sess.run(scale()))))
   assert history == [([-1.0], 4.0), ([-1.0], 2.0), ([-3.0], 2.0)]
+
+
+# --- the transaction: the state moves only after the side taken --------------
+
+
+def _failing_apply(grads):
+  del grads
+  return tf.debugging.assert_equal(1, 0, message='the apply failed')
+
+
+@pytest.mark.parametrize('in_function', [False, True])
+def test_an_apply_that_fails_leaves_the_dynamic_state_and_its_record(
+    in_function):
+  scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=4.0,
+                                         increment_period=1)
+  run = lambda apply_fn: step.apply_step(
+      [tf.constant([1.0])], step.LossScaleState(scale), apply_fn)
+  if in_function:
+    run = tf.function(run)
+  step.apply_step([tf.constant([INF])], step.LossScaleState(scale),
+                  _sgd_apply([tf.Variable([0.0])]))
+  with pytest.raises(tf.errors.InvalidArgumentError, match='apply failed'):
+    run(_failing_apply)
+  assert (float(scale()), int(scale.good_steps), int(scale.skipped_steps),
+          bool(scale.last_step_skipped)) == (2.0, 0, 1, True)
+
+
+def test_the_apply_sees_the_scale_of_before_the_step_in_a_function():
+  scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=4.0,
+                                         increment_period=1)
+  seen = tf.Variable(0.0)
+
+  @tf.function
+  def train_step():
+    step.apply_step([tf.constant([1.0])], step.LossScaleState(scale),
+                    lambda grads: seen.assign(scale()))
+
+  train_step()
+  assert (float(seen), float(scale())) == (4.0, 8.0)
+
+
+def test_an_apply_that_fails_in_a_tf1_session_leaves_the_state():
+  with tf.Graph().as_default():
+    scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=4.0,
+                                           increment_period=1)
+    fail = tf.compat.v1.placeholder(tf.bool, [])
+    train_op = step.apply_step(
+        [tf.constant([1.0])], step.LossScaleState(scale),
+        lambda grads: tf.debugging.Assert(tf.logical_not(fail), ['failed'])).op
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for attempt in range(5):
+        with pytest.raises(tf.errors.InvalidArgumentError, match='failed'):
+          session.run(train_op, {fail: True})
+        assert session.run(scale()) == 4.0, f'attempt {attempt}'
+      session.run(train_op, {fail: False})
+      assert session.run(scale()) == 8.0
+
+
+# --- one computation, stateful or stateless by its callbacks ----------------
+
+
+class _ValuesState(step.ScaleState):
+  """A stateless state: the scale and counter given, the new ones returned."""
+
+  def __init__(self, scale, good_steps):
+    self._scale, self._good_steps = scale, good_steps
+
+  def scale(self):
+    return self._scale
+
+  def advance(self, verdict):
+    return tf_loss_scale.loss_scale.next_dynamic_state(
+        self._scale, self._good_steps, verdict, 2, 2.0)
+
+
+@pytest.mark.parametrize('in_function', [False, True])
+def test_a_stateless_state_gets_the_new_state_as_values(in_function):
+  scratch = tf.Variable([10.0])
+
+  def run(grad, scale, good_steps):
+    scratch.assign([10.0])
+    outcome = step.apply_step(
+        [grad], _ValuesState(tf.constant(scale),
+                             tf.constant(good_steps, tf.int64)),
+        _sgd_apply([scratch]), scaled=[True])
+    with tf.control_dependencies(step.graph_elements(outcome.applied)):
+      return outcome.applied, outcome.state, tf.identity(scratch)
+
+  run = tf.function(run) if in_function else run
+  applied, (scale, good), value = run(tf.constant([8.0]), 4.0, 1)
+  assert (bool(applied), float(scale), int(good)) == (True, 8.0, 0)
+  assert value.numpy().tolist() == [8.0]
+  applied, (scale, good), value = run(tf.constant([INF]), 4.0, 1)
+  assert (bool(applied), float(scale), int(good)) == (False, 2.0, 0)
+  assert value.numpy().tolist() == [10.0]
+
+
+# --- one op for every replica in a TF1 graph ---------------------------------
+
+
+def test_in_a_tf1_graph_every_replica_returns_the_same_named_op(
+    mirrored_strategy):
+  with tf.Graph().as_default():
+    with mirrored_strategy.scope():
+      scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=4.0)
+      var = tf.compat.v1.Variable([1.0], use_resource=True)
+    train_op = mirrored_strategy.run(lambda: step.apply_step(
+        [tf.constant([4.0])], step.LossScaleState(scale), _sgd_apply([var]),
+        scaled=[True], reduces=False, name='the_step').op)
+    assert isinstance(train_op, tf.Operation), type(train_op)
+    assert train_op.name == 'the_step'
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+      # Each replica's 4 / 4 = 1, summed over the two replicas.
+      assert session.run(var).tolist() == [-1.0]

@@ -6,29 +6,12 @@ whether a step's gradients are finite, so all of them skip or apply together
 and their loss scales never drift apart.
 """
 
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Sequence, Union
 
 import tensorflow as tf
 
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
-
-
-
-def _unsupported_strategy_types() -> tuple:
-  # Strategies whose variables are not mirrored on each replica (the
-  # replicas cannot skip a step together there), and TPUStrategy (untested,
-  # and TPUs compute in bfloat16, which needs no loss scale). Looked up by
-  # public name, so a TensorFlow without one of them has nothing to refuse.
-  found = []
-  for namespace in (tf.distribute, tf.distribute.experimental,
-                    tf.compat.v1.distribute.experimental):
-    for name in ('CentralStorageStrategy', 'ParameterServerStrategy',
-                 'TPUStrategy'):
-      strategy_type = getattr(namespace, name, None)
-      if strategy_type is not None:
-        found.append(strategy_type)
-  return tuple(found)
 
 
 def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
@@ -202,9 +185,10 @@ def apply_on_every_replica_if(
     on_skip: Runs when the step is skipped.
 
   Returns:
-    Whether the step was applied: a bool tensor, or `True` eagerly and in a
-    `tf.function` when `should_apply` is `True`. In a TF1 graph it is always
-    a tensor, and evaluating it runs the chosen side.
+    Whether the step was applied: eagerly `True` (when `should_apply` is) or
+    a bool tensor; in a graph (TF1 or `tf.function`) always a bool tensor,
+    ready only once the chosen side has run, so that control dependencies on
+    it order later ops after the step.
   """
   def apply_everywhere(gate: Sequence[tf.Tensor] = ()) -> tf.Operation:
     def apply_on_replica(*replica_args):
@@ -216,9 +200,8 @@ def apply_on_every_replica_if(
 
   if should_apply is True:
     applied = apply_everywhere()
-    if not execution.in_tf1_graph():
+    if tf.executing_eagerly():
       return True
-    # A Session runs only what is fetched: the apply op must be reachable.
     with tf.control_dependencies([applied]):
       return tf.constant(True)
   if execution.in_tf1_graph():
@@ -233,28 +216,6 @@ def apply_on_every_replica_if(
     return tf.constant(False)
 
   return tf.cond(should_apply, apply_side, skip_side)
-
-
-def check_strategy_supported(where: str) -> None:
-  """Refuses strategies whose variables are not mirrored on each replica.
-
-  Args:
-    where: The call being checked (named in the error message).
-
-  Raises:
-    ValueError: Under CentralStorageStrategy, ParameterServerStrategy or
-      TPUStrategy.
-  """
-  if not tf.distribute.has_strategy():
-    return
-  strategy = tf.distribute.get_strategy()
-  if isinstance(strategy, _unsupported_strategy_types()):
-    name = type(strategy).__name__
-    hint = (' TPUs compute in bfloat16, which needs no loss scale: use the '
-            'inner optimizer on its own.' if 'TPU' in name else '')
-    raise ValueError(
-        f'{where}: loss scaling is not supported under {name}. Use '
-        f'MirroredStrategy, MultiWorkerMirroredStrategy or no strategy.{hint}')
 
 
 def _share_of_largest_sum(grads: Any) -> tf.Tensor:
@@ -324,56 +285,3 @@ def _once_done(done: Any, pivot: tf.Tensor) -> tf.Tensor:
   # The pivot again, ready only once `done` (an op, or None) has run.
   with tf.control_dependencies([] if done is None else [done]):
     return tf.identity(pivot)
-
-
-def check_state_in_strategy_scope(
-    where: str, variables: Sequence[tf.Variable],
-    strategy: Optional[tf.distribute.Strategy] = None) -> None:
-  """Refuses to train with state that the current strategy does not own.
-
-  A loss scale or optimizer created outside `strategy.scope()` holds plain
-  variables: each replica would then read and write one copy that is not
-  kept in sync, and a checkpoint of the mirrored model would not hold it.
-  TPUStrategy is refused too: TPUs train in bfloat16, which needs no loss
-  scale. Call this before anything of the step is built, so that a refused
-  step changes nothing.
-
-  Args:
-    where: The call being checked (named in the error message).
-    variables: The loss scale's and the optimizer's variables.
-    strategy: The strategy to check against; by default the current one
-      (nothing is checked outside any strategy).
-
-  Raises:
-    ValueError: Under TPUStrategy, or if any of `variables` was created
-      outside the strategy's scope.
-  """
-  if strategy is None:
-    if not tf.distribute.has_strategy():
-      return
-    strategy = tf.distribute.get_strategy()
-  name = type(strategy).__name__
-  if isinstance(strategy, _tpu_strategy_types()):
-    raise ValueError(
-        f'{where}: loss scaling is not supported under {name}. TPUs compute '
-        "in bfloat16, which needs no loss scale: use the 'mixed_bfloat16' "
-        'policy and the plain optimizer.')
-  outside = [v.name for v in variables
-             if not strategy.extended.variable_created_in_scope(v)]
-  if outside:
-    raise ValueError(
-        f'{where}: the variables {outside} were created outside the scope of '
-        f'the {name} in use, so the replicas would not share them. Create '
-        'the optimizer, its inner optimizer and its LossScale inside '
-        '`with strategy.scope():`, and do not use them before that.')
-
-
-def _tpu_strategy_types() -> tuple:
-  # Looked up by public name, as in _unsupported_strategy_types.
-  found = []
-  for namespace in (tf.distribute, tf.distribute.experimental,
-                    tf.compat.v1.distribute.experimental):
-    strategy_type = getattr(namespace, 'TPUStrategy', None)
-    if strategy_type is not None:
-      found.append(strategy_type)
-  return tuple(found)

@@ -117,11 +117,12 @@ def dense_values(grads: Any) -> List[tf.Tensor]:
     grads: A gradient or a nested structure of gradients.
 
   Returns:
-    A list of tensors: dense gradients as they are, the `values` of
+    A list of tensors: dense gradients as tensors (a Python number, which
+    `tf.cond` returns for a constant branch, becomes one), the `values` of
     `tf.IndexedSlices`, and nothing for `None`.
   """
   return [
-      g.values if isinstance(g, tf.IndexedSlices) else g
+      g.values if isinstance(g, tf.IndexedSlices) else tf.convert_to_tensor(g)
       for g in tf.nest.flatten(grads)
       if g is not None
   ]

@@ -38,6 +38,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf_loss_scale import checkpointing
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 
@@ -277,7 +278,7 @@ class FixedLossScale(LossScale):
     return {'loss_scale_value': self._loss_scale_value}
 
 
-class DynamicLossScale(LossScale):
+class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
   """A loss scale that shrinks on overflow and grows while gradients are finite.
 
   The scale starts at `initial_loss_scale`. A step with any non-finite
@@ -492,14 +493,11 @@ class DynamicLossScale(LossScale):
     """
     return self._step_record.last_step_skipped()
 
-  def _trackable_children(self, save_type='checkpoint', **kwargs):
+  def _saved_model_only_children(self) -> Dict[str, tf.Variable]:
     # A SavedModel must track every variable its functions capture, the step
     # record included; checkpoints must not see it, or they would stop
     # interchanging with TensorFlow's own DynamicLossScale.
-    children = super()._trackable_children(save_type, **kwargs)
-    if getattr(save_type, 'value', save_type) == 'savedmodel':
-      children.update(self._step_record.variables())
-    return children
+    return self._step_record.variables()
 
   def __call__(self) -> tf.Tensor:
     return tf.convert_to_tensor(self.current_loss_scale)

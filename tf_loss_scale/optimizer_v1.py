@@ -7,6 +7,7 @@ import tensorflow as tf
 from tf_loss_scale import checkpointing
 from tf_loss_scale import distribute
 from tf_loss_scale import gradients
+from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import step
 
@@ -48,23 +49,20 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
       loss_scale: A `LossScale`, a number (a fixed scale) or `'dynamic'`.
 
     Raises:
-      ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer`, or if
-        `loss_scale` is None or not a loss scale identifier.
+      ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer`, is a loss
+        scale optimizer or is held by one; if `loss_scale` is None or not a
+        loss scale identifier; under a strategy this library refuses; or if
+        the loss scale was created outside the current strategy's scope.
     """
-    if not isinstance(opt, _V1Optimizer):
-      raise ValueError(
-          'opt must be a tf.compat.v1.train.Optimizer, but got an object of '
-          f'type {type(opt).__name__}. For Keras optimizers use '
-          'tf_loss_scale.keras.LossScaleOptimizer.')
+    guards.check_new_wrapper(opt, guards.V1_FORM, loss_scale)
     if loss_scale is None:
       raise ValueError(
           "loss_scale cannot be None: pass 'dynamic', a number or a LossScale.")
     super().__init__(use_locking=False, name=opt.get_name())
     self._optimizer = opt
     self._loss_scale = loss_scale_lib.get(loss_scale)
-    # Checkpoint dependency names shared with TensorFlow's own wrapper.
-    self._track_trackable(self._optimizer, 'base_optimizer')
-    self._track_trackable(self._loss_scale, 'loss_scale')
+    checkpointing.name_v1_dependencies(self, base_optimizer=self._optimizer,
+                                       loss_scale=self._loss_scale)
 
   @property
   def loss_scale(self) -> loss_scale_lib.LossScale:
@@ -130,26 +128,25 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
       when it is finite. Eagerly the work is done and the result is None.
 
     Raises:
-      ValueError: If called in a cross-replica context, under TPUStrategy,
-        or with a loss scale or optimizer created outside the strategy's
-        scope.
+      ValueError: If called in a cross-replica context, under a strategy
+        this library refuses (CentralStorageStrategy, ParameterServerStrategy,
+        TPUStrategy), or with a loss scale or optimizer created outside the
+        strategy's scope.
     """
     distribute.require_replica_context('apply_gradients()')
-    distribute.check_state_in_strategy_scope('apply_gradients()',
-                                             self.variables())
+    guards.check_step(f'{type(self).__name__}.apply_gradients()',
+                      [self._loss_scale, self._optimizer])
     grads_and_vars = tuple(grads_and_vars)
     variables = [v for _, v in grads_and_vars]
     # tf.compat.v1 optimizers sum the gradients inside their own merge_call,
     # so the step takes its verdict with one scalar reduction
-    # (`reduces=True`; see tf_loss_scale.step).
-    update_op, applied = step.apply_step(
+    # (`reduces=True`; see tf_loss_scale.step). The inner optimizer names its
+    # ops itself: `name` is for the op returned, one op for every replica.
+    return step.apply_step(
         [g for g, _ in grads_and_vars], step.LossScaleState(self._loss_scale),
         lambda grads: self._optimizer.apply_gradients(
-            list(zip(grads, variables)), global_step))
-    # The inner optimizer names its ops itself: `name` is for the op returned.
-    return tf.group(*[op for op in (applied, update_op)
-                      if isinstance(op, (tf.Tensor, tf.Operation))],
-                    name=name or self.get_name())
+            list(zip(grads, variables)), global_step),
+        name=name or self.get_name()).op
 
   def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:
     """Returns the wrapped optimizer's slot `name` for `var`, or None."""

@@ -1,52 +1,67 @@
 """The training step with a loss scale, written once for every front end.
 
-Each step every front end does the same thing:
+Each step every front end does the same thing, in this order:
 
 ```
-grads = grads / scale          # those that are gradients of the scaled loss
+grads = grads / scale            # those that are gradients of the scaled loss
 verdict = are the gradients that will be applied all finite?
-state = rule(state, verdict)   # loss_scale.next_dynamic_state, the one rule
-apply the gradients on every replica if verdict, else skip everywhere
+if verdict: apply the gradients on every replica
+else:       skip the step on every replica (and run `on_skip`)
+state = rule(state, verdict)     # only once the side taken has completed
 ```
 
-This module is that block, in two views of one computation:
+The step is a transaction: the loss scale's state (its scale, its counters
+and its monitoring record) moves only after the side taken has completed. An
+apply that raises eagerly leaves the state as it was; in a `tf.function` or a
+TF1 graph the new state is assigned under an explicit control dependency on
+the side taken (automatic control dependencies would not order the two,
+which touch different resources).
 
-- `apply_step(grads, state, apply_fn, ...)`, the stateful view, for `apply`
-  and `apply_gradients`. It runs in a replica context (inside
-  `strategy.run`) or with no strategy, eagerly, in a `tf.function` or in a
-  TF1 graph. The state is a `ScaleState`: `LossScaleState` adapts any
-  `tf_loss_scale.LossScale` (a `DynamicLossScale` takes the step's verdict
-  through `assign_next_state`; a `FixedLossScale` or a user's `LossScale`
-  decides through its own `update(grads)`), and a front end with state of
-  its own (the Keras 3 form's Keras variables) subclasses `ScaleState`.
-- `stateless_step(grads, scale, good_steps, ...)`, the stateless view, for
-  Keras 3's `stateless_apply`: values in, values out, nothing assigned.
+`apply_step` is that block, once. Its two callbacks make it a stateful or a
+stateless step:
 
-Both views unscale with `unscale_where`, decide with `gradients.all_finite`
-(or its cross-replica form) and advance with `next_dynamic_state`.
+- `state`, a `ScaleState`, reads the scale and moves it. `LossScaleState`
+  assigns the variables of a `tf_loss_scale.LossScale`; the Keras 3 form
+  adapts Keras's two variables, assigning them (`apply`) or returning their
+  new values (`stateless_apply`).
+- `apply_fn` applies the gradients: a real optimizer on real variables, or
+  (stateless) a scratch copy whose results the caller reads back after the
+  step.
+
+It runs in a replica context (inside `strategy.run`) or with no strategy,
+eagerly, in a `tf.function` or in a TF1 graph; in a graph it returns one op
+that runs the whole step, made in the cross-replica context so that every
+replica returns that same op (`Session.run` can fetch what `strategy.run`
+returns).
 
 Under a strategy, the verdict is about the gradients that are applied, the
-all-reduced ones, and every replica reaches it without exchanging it:
+all-reduced ones, and every replica reaches it without exchanging it
+(`verdict` holds the computation):
 
 - `reduces=False`: `apply_fn` applies gradients as it is given them (a
   tf_keras optimizer's `apply_gradients(..., experimental_aggregate_gradients=
   False)`). The step all-reduces the gradients once, in the replica context,
-  decides on the sums (the same on every replica, so no further
+  decides on the exact sums (the same on every replica, so no further
   communication) and hands the sums to `apply_fn`. Nothing is reduced
   beyond what the bare optimizer reduces.
 - `reduces=True`: `apply_fn` all-reduces the gradients itself (a Keras 3
   optimizer's `apply`, a `tf.compat.v1` optimizer's `apply_gradients`), and
-  cannot be handed sums without summing them again: Keras 3's TensorFlow
-  optimizers reduce whenever `apply` runs in a replica context, and under
-  MirroredStrategy `apply` fails in the cross-replica context (its update
-  goes through a merge_call that needs a replica context). The step then
-  takes a verdict that holds for the sums before they exist, from one
-  all-reduced scalar per step (`distribute.all_finite_on_every_replica`):
-  no step whose summed gradients would overflow is applied.
+  no public API of those optimizers takes sums without summing them again.
+  The step then decides before the sums exist, from one all-reduced scalar
+  per step (`distribute.all_finite_on_every_replica`): a step is applied only
+  if every replica's gradients are finite and their sums certainly are (a
+  bound, exact unless the replicas' largest magnitudes together pass the
+  dtype's largest value).
+
+A user's own `LossScale` subclass decides through its `update(grads)`, which
+assigns its own state as it decides, so that state moves before the apply
+and does not take part in the transaction; the step still applies or skips
+on its verdict, and runs `update`'s op with the step in a graph.
 """
 
 import abc
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, List, NamedTuple, Optional, Sequence,
+                    Union)
 
 import tensorflow as tf
 
@@ -55,31 +70,74 @@ from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 
 Verdict = Union[bool, tf.Tensor]
-UpdateResult = Tuple[Optional[tf.Operation], Verdict]
+
+
+class Decision(NamedTuple):
+  """A state's verdict on one step.
+
+  Attributes:
+    verdict: Whether to apply the step: a bool scalar tensor, the same on
+      every replica, or the Python `True` for a state that never skips.
+    update_op: In a graph, an op that must run with the step (a user
+      `LossScale`'s update); None otherwise.
+  """
+  verdict: Verdict
+  update_op: Any = None
+
+
+class Outcome(NamedTuple):
+  """What one step did.
+
+  Attributes:
+    applied: Whether the step was applied. Eagerly `True` or a bool tensor;
+      in a graph always a bool tensor, ready once the side taken has run.
+    state: What `ScaleState.advance` returned: None or an op for a stateful
+      state, the new state's values for a stateless one.
+    op: In a graph, one op that runs the whole step (the side taken, then
+      the new state); None eagerly, where the step has run.
+  """
+  applied: Verdict
+  state: Any
+  op: Optional[tf.Operation]
 
 
 class ScaleState(abc.ABC):
-  """A loss scale's state, as the step reads and advances it."""
+  """A loss scale's state, as the step reads, consults and moves it."""
 
   @abc.abstractmethod
   def scale(self) -> tf.Tensor:
     """Returns the current loss scale, a float32 scalar tensor."""
 
-  @abc.abstractmethod
-  def advance(self, grads: List[Any],
-              decide: Callable[[], tf.Tensor]) -> UpdateResult:
-    """Moves the state one step; runs in the cross-replica context.
+  def decide(self, grads: List[Any],
+             all_finite: Callable[[], tf.Tensor]) -> Decision:
+    """Gives the step's verdict; runs in the cross-replica context.
 
     Args:
       grads: The step's unscaled gradients as `apply_fn` will get them
         (per-replica values under a strategy).
-      decide: Returns the step's verdict, a bool scalar tensor that is the
-        same on every replica. Call it at most once; a state that never skips
-        a step need not call it, and then no verdict is computed at all.
+      all_finite: Computes the verdict on the gradients that will be
+        applied (see `verdict`). A state that never skips need not call it,
+        and then no verdict is computed at all.
 
     Returns:
-      `(update_op, should_apply)`: the update op in graph mode (None eagerly,
-      where the update has happened), and a bool tensor or the Python `True`.
+      The decision. By default the gradients' verdict.
+    """
+    del grads
+    return Decision(all_finite())
+
+  @abc.abstractmethod
+  def advance(self, verdict: Verdict) -> Any:
+    """Moves the state after the side taken has run (cross-replica context).
+
+    Called under a control dependency on the side taken, so that ops made
+    here run after it.
+
+    Args:
+      verdict: The decision's verdict.
+
+    Returns:
+      Anything the front end needs: an op (graph) or None for a stateful
+      state, the new values for a stateless one.
     """
 
 
@@ -90,20 +148,29 @@ class LossScaleState(ScaleState):
     """Adapts `loss_scale`.
 
     Args:
-      loss_scale: Any `LossScale`. A `DynamicLossScale` advances on the
-        step's verdict; any other decides through its own `update(grads)`.
+      loss_scale: Any `LossScale`. A `DynamicLossScale` (whose `update` is
+        this library's) is consulted and moved by the step; any other
+        decides, and moves its own state, in its own `update(grads)`.
     """
     self._loss_scale = loss_scale
+    self._follows_the_rule = (
+        isinstance(loss_scale, loss_scale_lib.DynamicLossScale) and
+        type(loss_scale).update is loss_scale_lib.DynamicLossScale.update)
 
   def scale(self) -> tf.Tensor:
     return self._loss_scale()
 
-  def advance(self, grads: List[Any],
-              decide: Callable[[], tf.Tensor]) -> UpdateResult:
-    if isinstance(self._loss_scale, loss_scale_lib.DynamicLossScale):
-      grads_finite = decide()
-      return self._loss_scale.assign_next_state(grads_finite), grads_finite
-    return self._loss_scale.update(grads)
+  def decide(self, grads: List[Any],
+             all_finite: Callable[[], tf.Tensor]) -> Decision:
+    if self._follows_the_rule:
+      return Decision(all_finite())
+    update_op, should_apply = self._loss_scale.update(grads)
+    return Decision(should_apply, update_op)
+
+  def advance(self, verdict: Verdict) -> Any:
+    if self._follows_the_rule:
+      return self._loss_scale.assign_next_state(verdict)
+    return None
 
 
 def apply_step(grads: Sequence[Any],
@@ -111,8 +178,9 @@ def apply_step(grads: Sequence[Any],
                apply_fn: Callable[[List[Any]], Any],
                scaled: Optional[Sequence[bool]] = None,
                reduces: bool = True,
-               on_skip: Callable[[], Any] = tf.no_op) -> UpdateResult:
-  """Unscales, decides, advances the state, and applies or skips.
+               on_skip: Optional[Callable[[List[Any]], Any]] = None,
+               name: Optional[str] = None) -> Outcome:
+  """Unscales, decides, applies or skips, and then moves the state.
 
   Call it in a replica context (inside `strategy.run`) or with no strategy.
 
@@ -127,12 +195,14 @@ def apply_step(grads: Sequence[Any],
       example, for Keras variables overwritten with their gradient).
     reduces: Whether `apply_fn` all-reduces the gradients itself (see the
       module docstring).
-    on_skip: Runs once, in the cross-replica context, when a step is skipped.
+    on_skip: The one place for work that runs only on a skipped step: called
+      once, in the cross-replica context, with the step's unscaled gradients
+      (per-replica values under a strategy, or the sums when `reduces` is
+      False); may return an op.
+    name: The name of `Outcome.op`.
 
   Returns:
-    `(update_op, applied)`: the state's update op (None eagerly), and whether
-    the step was applied, a bool tensor or `True` (in a TF1 graph, evaluating
-    it runs the chosen side).
+    The step's `Outcome`.
   """
   grads = list(grads)
   if scaled is not None:
@@ -140,57 +210,44 @@ def apply_step(grads: Sequence[Any],
   if not reduces:
     grads = distribute.all_reduce_in_replica(grads)
 
-  def decide_and_apply(strategy: tf.distribute.Strategy,
-                       grads: List[Any]) -> UpdateResult:
-    def decide() -> tf.Tensor:
-      if reduces:
-        return distribute.all_finite_on_every_replica(grads)
-      # Every replica holds the same sums: any one replica's are the sums.
-      return gradients.all_finite(distribute.first_replica_value(grads))
-
-    update_op, should_apply = state.advance(grads, decide)
+  def in_cross_replica(strategy: tf.distribute.Strategy,
+                       grads: List[Any]) -> Outcome:
+    decision = state.decide(grads, lambda: verdict(grads, summed=not reduces))
     applied = distribute.apply_on_every_replica_if(
-        strategy, should_apply, apply_fn, (grads,), on_skip=on_skip)
-    return update_op, applied
+        strategy, decision.verdict, apply_fn, (grads,),
+        on_skip=(lambda: on_skip(grads)) if on_skip else tf.no_op)
+    # The new state, only once the side taken has completed.
+    with tf.control_dependencies(graph_elements(applied)):
+      advanced = state.advance(decision.verdict)
+    op = None
+    if not tf.executing_eagerly():
+      op = tf.group(*graph_elements(applied, decision.update_op, advanced),
+                    name=name)
+    return Outcome(applied, advanced, op)
 
-  return distribute.merge_to_cross_replica(decide_and_apply, grads)
+  return distribute.merge_to_cross_replica(in_cross_replica, grads)
 
 
-def stateless_step(
-    grads: Sequence[Any],
-    scale: tf.Tensor,
-    good_steps: tf.Tensor,
-    increment_period: int,
-    multiplier: float,
-    scaled: Sequence[bool],
-    apply_values: Callable[[List[Any]], Any],
-    unchanged_values: Callable[[], Any]
-) -> Tuple[tf.Tensor, Tuple[tf.Tensor, tf.Tensor], Any]:
-  """The step on values, with a dynamic loss scale; assigns nothing.
+def verdict(grads: List[Any], summed: bool) -> tf.Tensor:
+  """Whether the gradients a step applies are all finite, on every replica.
 
-  For one process without a strategy (Keras's stateless pattern).
+  The one place the step's verdict is computed. Call it in the
+  cross-replica context (or with no strategy).
 
   Args:
-    grads: One gradient per variable, of the scaled loss where `scaled`.
-    scale: The current loss scale, a float32 scalar.
-    good_steps: Finite steps since the scale last changed, an int scalar.
-    increment_period: Finite steps in a row after which the scale grows.
-    multiplier: The factor the scale grows and shrinks by.
-    scaled: One bool per gradient, as in `apply_step`.
-    apply_values: Given the unscaled gradients, returns the new values of
-      whatever the step updates (a nested structure of tensors).
-    unchanged_values: Returns the same structure, unchanged (a skipped step).
+    grads: The step's gradients (per-replica values under a strategy).
+    summed: Whether `grads` are already the all-reduced sums, identical on
+      every replica: then the verdict is exact and exchanges nothing.
+      Otherwise it covers every replica's gradients and a bound on their
+      sums, with one scalar reduced across replicas.
 
   Returns:
-    `(grads_finite, (new_scale, new_good_steps), values)`.
+    A bool scalar tensor, the same on every replica.
   """
-  grads = unscale_where(list(grads), scaled, scale)
-  grads_finite = gradients.all_finite(grads)
-  new_state = loss_scale_lib.next_dynamic_state(
-      scale, good_steps, grads_finite, increment_period, multiplier)
-  values = tf.cond(grads_finite, lambda: apply_values(grads),
-                   unchanged_values)
-  return grads_finite, new_state, values
+  if summed:
+    # Every replica holds the same sums: any one replica's are the sums.
+    return gradients.all_finite(distribute.first_replica_value(grads))
+  return distribute.all_finite_on_every_replica(grads)
 
 
 def unscale_where(grads: List[Any], scaled: Sequence[bool],
@@ -216,3 +273,19 @@ def unscale_where(grads: List[Any], scaled: Sequence[bool],
   unscaled = gradients.unscale(
       [g if s else None for g, s in zip(grads, scaled)], scale)
   return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
+
+
+def graph_elements(*values: Any) -> List[Union[tf.Tensor, tf.Operation]]:
+  """The ops and tensors among `values`, to order later ops after them.
+
+  Args:
+    *values: Nested structures, such as an `Outcome`'s fields.
+
+  Returns:
+    The graph ops and tensors among them (Python values and eager results
+    have nothing to order): a list for `tf.control_dependencies`.
+  """
+  if tf.executing_eagerly():
+    return []
+  return [v for v in tf.nest.flatten(values)
+          if isinstance(v, (tf.Tensor, tf.Operation))]

@@ -27,13 +27,12 @@ import tensorflow as tf
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
+from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
 # First: refuses an unsupported Keras before anything subclasses Keras 3's.
 from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import ownership
-from tf_loss_scale.keras import wrapping
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
@@ -147,9 +146,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         an out of range number, an inner optimizer that is a loss scale
         optimizer or is already wrapped; or under an unsupported strategy.
     """
-    wrapping.check_inner_optimizer(inner_optimizer)
+    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM)
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
-    distribute.check_strategy_supported(f'{type(self).__name__}()')
     # Base optimizer arguments: refused on every Keras release.
     kwargs = _without_base_optimizer_defaults(type(self).__name__, kwargs)
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
@@ -157,7 +155,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     # The wrapper scales the loss; a factor left on the inner optimizer would
     # divide the gradients again.
     inner_optimizer.loss_scale_factor = None
-    ownership.remember_wrapper(inner_optimizer, self)
     precision.warn_if_scaling_is_not_needed(
         keras.mixed_precision.global_policy().compute_dtype,
         type(self).__name__)
@@ -179,6 +176,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       # arguments at their defaults it creates no variable.
       keras.optimizers.Optimizer.build(self, var_list)
     self._monitor.create()
+    self._scratch.remember_layout(self.inner_optimizer)
 
   @property
   def skipped_steps(self) -> tf.Tensor:
@@ -235,17 +233,18 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         or when the optimizer's variables were not created in the current
         strategy's scope.
     """
-    distribute.check_strategy_supported(f'{type(self).__name__}.apply()')
+    where = f'{type(self).__name__}.apply()'
+    guards.check_step(where, [self.inner_optimizer])
     # Keras's wording: "apply() must be called in a replica context".
     distribute.require_replica_context('apply()')
     if not self.built:
       with keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
-    self._check_variables_belong_to_strategy()
+    guards.check_step(where, [self.dynamic_scale, self.step_counter])
     variables = list(trainable_variables or self._trainable_variables)
     grads = list(grads)
     step.apply_step(
-        grads, _KerasVariablesState(self),
+        grads, _KerasScale(self),
         lambda unscaled: self.inner_optimizer.apply(
             unscaled, trainable_variables=trainable_variables),
         scaled=_scaled_flags(grads, variables))
@@ -257,9 +256,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     Keras's stateless pattern, on the TensorFlow backend too:
     `opt.stateless_apply([v.value for v in opt.variables], grads,
-    [v.value for v in model.trainable_variables])`. The inner optimizer's
-    update runs on a copy of it (made once, from its config) whose scratch
-    variables are overwritten with the given values on each call.
+    [v.value for v in model.trainable_variables])`. It is `apply`'s step
+    (`tf_loss_scale.step.apply_step`) with the scale taken from and returned
+    as values, and the inner optimizer's update run by a copy of it on
+    scratch variables loaded with the given values: no variable of this
+    optimizer or of the model is assigned. The copy follows the inner
+    optimizer's current settings (its config) on every call; in a
+    `tf.function`, as for `apply`, the settings when it was traced.
 
     Args:
       optimizer_variables: Values for `self.variables`, in that order.
@@ -300,22 +303,21 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
           f'values whereas the optimizer was built with '
           f'{len(model_variables)} variables.')
     values = [tf.convert_to_tensor(v) for v in optimizer_variables]
-    model_values = [tf.convert_to_tensor(v) for v in trainable_variables]
     num_own = len(variables) - len(self.inner_optimizer.variables)
     scale_index = _index_of(variables, self.dynamic_scale)
     counter_index = _index_of(variables, self.step_counter)
+    scratch = self._scratch.matching(self.inner_optimizer, model_variables)
+    scratch.load(trainable_variables, values[num_own:])
     grads = list(grads)
-    _, (new_scale, new_counter), (new_model, new_inner) = step.stateless_step(
-        grads, values[scale_index], values[counter_index],
-        int(self.dynamic_growth_steps), _MULTIPLIER,
-        _scaled_flags(grads, model_variables),
-        lambda unscaled: self._scratch.apply(
-            self.inner_optimizer, model_variables, unscaled, model_values,
-            values[num_own:]),
-        lambda: (model_values, values[num_own:]))
-    values[scale_index] = tf.cast(new_scale, values[scale_index].dtype)
-    values[counter_index] = tf.cast(new_counter, values[counter_index].dtype)
-    return list(new_model), values[:num_own] + list(new_inner)
+    outcome = step.apply_step(
+        grads, _KerasScale(self, values[scale_index], values[counter_index]),
+        scratch.apply, scaled=_scaled_flags(grads, model_variables))
+    values[scale_index], values[counter_index] = outcome.state
+    # Read back once the step has run (or was skipped: then the scratch
+    # variables still hold the values given).
+    with tf.control_dependencies(step.graph_elements(outcome.applied)):
+      new_model, new_inner = scratch.read()
+    return new_model, values[:num_own] + new_inner
 
   @classmethod
   def from_config(cls, config: Dict[str, Any],
@@ -333,52 +335,46 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """
     return super().from_config(dict(config), custom_objects=custom_objects)
 
-  def _check_variables_belong_to_strategy(self) -> None:
-    # Variables created outside strategy.scope() are plain variables that
-    # the replicas would each update on their own: refuse before anything
-    # runs, so that no step is half-applied.
-    if not tf.distribute.has_strategy():
-      return
-    strategy = tf.distribute.get_strategy()
-    for variable in (self.dynamic_scale, self.step_counter,
-                     self.inner_optimizer.iterations):
-      if not strategy.extended.variable_created_in_scope(variable.value):
-        raise ValueError(
-            f'{type(self).__name__}.apply() runs under '
-            f'{type(strategy).__name__}, but the optimizer variable '
-            f'{variable.path!r} was not created in its scope, so the '
-            'replicas would not share it. Create the optimizer (and the '
-            'model) inside `with strategy.scope():`, or apply it without '
-            'the strategy.')
 
+class _KerasScale(step.ScaleState):
+  """The step's view of the scale kept in Keras's two variables.
 
-class _KerasVariablesState(step.ScaleState):
-  """The step's view of the scale kept in Keras's two variables."""
+  Stateful (`apply`): reads the variables, then assigns them and the
+  monitoring record. Stateless (`stateless_apply`): reads the values given
+  and returns the new ones, in the variables' dtypes.
+  """
 
-  def __init__(self, optimizer: LossScaleOptimizer):
+  def __init__(self, optimizer: LossScaleOptimizer,
+               scale: Optional[tf.Tensor] = None,
+               counter: Optional[tf.Tensor] = None):
     self._optimizer = optimizer
+    self._values = None if scale is None else (scale, counter)
 
   def scale(self) -> tf.Tensor:
+    if self._values is not None:
+      return self._values[0]
     return tf.convert_to_tensor(self._optimizer.dynamic_scale)
 
-  def advance(self, grads: List[Any], decide: Any) -> step.UpdateResult:
-    del grads  # The verdict is all the rule needs.
+  def advance(self, verdict: tf.Tensor) -> Any:
     opt = self._optimizer
-    grads_finite = decide()
-    new_scale, new_counter = loss_scale_lib.next_dynamic_state(
+    scale, counter = self._values or (
         tf.convert_to_tensor(opt.dynamic_scale),
-        tf.convert_to_tensor(opt.step_counter), grads_finite,
-        int(opt.dynamic_growth_steps), _MULTIPLIER)
+        tf.convert_to_tensor(opt.step_counter))
+    new_scale, new_counter = loss_scale_lib.next_dynamic_state(
+        scale, counter, verdict, int(opt.dynamic_growth_steps), _MULTIPLIER)
+    new_counter = tf.cast(new_counter, counter.dtype)
+    if self._values is not None:
+      return new_scale, new_counter
 
     def assign() -> Any:
       # A Keras variable's assign returns no op (None in Keras 3.3, its
       # input in later releases): the assignments run eagerly, or in
       # program order inside a tf.function.
       opt.dynamic_scale.assign(new_scale)
-      opt.step_counter.assign(tf.cast(new_counter, opt.step_counter.dtype))
-      return opt._monitor.record(grads_finite)  # pylint: disable=protected-access
+      opt.step_counter.assign(new_counter)
+      return opt._monitor.record(verdict)  # pylint: disable=protected-access
 
-    return execution.op_in_graph_mode(assign), grads_finite
+    return execution.op_in_graph_mode(assign)
 
 
 class _SkipMonitor:
@@ -414,59 +410,106 @@ class _SkipMonitor:
 
 
 class _Scratch:
-  """A copy of an inner optimizer on scratch variables, for stateless steps.
+  """Copies of an inner optimizer on scratch variables, for stateless steps.
 
   Keras's TensorFlow optimizers can only update real variables, so a
   stateless step loads the given values into variables of its own, lets a
-  copy of the inner optimizer (same class and config) update them, and
-  reads them back. The copy is made once per optimizer, on first use.
+  copy of the inner optimizer update them, and reads them back. A copy is
+  remade whenever the inner optimizer's settings (its config) differ from
+  those of the copy, so that it follows the live optimizer. The copy is
+  made from the config the inner optimizer had when it was built, which
+  decides its variables (SGD has momentum slots only if built with a
+  momentum), and then given the current settings.
   """
 
   def __init__(self):
-    self._inner = None
-    self._model_variables = None
+    self._layout = None
+    self._copy = None
 
-  def apply(self, inner: keras.optimizers.Optimizer,
-            model_variables: List[Any], grads: List[Any],
-            model_values: List[tf.Tensor],
-            inner_values: List[tf.Tensor]) -> Tuple[List[Any], List[Any]]:
-    if self._inner is None:
-      self._create(inner, model_variables)
+  def remember_layout(self, inner: keras.optimizers.Optimizer) -> None:
+    """Records the config that decided `inner`'s variables (at its build)."""
+    with tf.init_scope():  # The config reads variables' values.
+      self._layout = inner.get_config()
+
+  def matching(self, inner: keras.optimizers.Optimizer,
+               model_variables: List[Any]) -> '_ScratchCopy':
+    """A copy of `inner` with its current settings, for `model_variables`."""
+    with tf.init_scope():
+      settings = _settings(inner.get_config())
+      if self._copy is None or not self._copy.made_from(settings,
+                                                        model_variables):
+        self._copy = _ScratchCopy(type(inner), self._layout, settings,
+                                  model_variables)
+    return self._copy
+
+
+class _ScratchCopy:
+  """One copy of an inner optimizer and its scratch model variables."""
+
+  def __init__(self, inner_type: type, layout: Dict[str, Any],
+               settings: Dict[str, Any], model_variables: List[Any]):
+    try:
+      self._inner = inner_type.from_config(layout)
+    except Exception as error:  # pylint: disable=broad-except
+      raise ValueError(
+          'stateless_apply() on the TensorFlow backend runs a copy of the '
+          f'inner optimizer, but {inner_type.__name__} could not be '
+          f'recreated from its config: {error}') from error
+    self._model_variables = []
+    for variable in model_variables:
+      twin = keras.Variable(
+          np.zeros(variable.shape, variable.dtype), dtype=variable.dtype,
+          trainable=True, name=variable.name)
+      # Set, not passed: Keras 3.3's Variable takes no constraint argument.
+      twin.constraint = variable.constraint
+      if getattr(variable, 'overwrite_with_gradient', False):
+        twin.overwrite_with_gradient = True
+      self._model_variables.append(twin)
+    self._inner.build(self._model_variables)
+    for name, value in settings.items():
+      if layout.get(name) != value:
+        setattr(self._inner, name, value)
+    if _settings(self._inner.get_config()) != settings:
+      raise ValueError(
+          f'stateless_apply() cannot follow the settings of the inner '
+          f'{inner_type.__name__} on a copy of it: {settings}. Recreate the '
+          'optimizer with these settings.')
+    self._settings = settings
+    self._originals = list(model_variables)
+
+  def made_from(self, settings: Dict[str, Any],
+                model_variables: List[Any]) -> bool:
+    return settings == self._settings and len(model_variables) == len(
+        self._originals) and all(
+            a is b for a, b in zip(model_variables, self._originals))
+
+  def load(self, model_values: Sequence[Any],
+           inner_values: Sequence[Any]) -> None:
     copy_variables = self._inner.variables
     if len(copy_variables) != len(inner_values):
       raise ValueError(
-          f'The copy of {type(inner).__name__} made for stateless_apply has '
-          f'{len(copy_variables)} variables but the optimizer has '
-          f'{len(inner_values)}: its config does not recreate it.')
+          f'The copy of {type(self._inner).__name__} made for '
+          f'stateless_apply has {len(copy_variables)} variables but the '
+          f'optimizer has {len(inner_values)}: its config does not recreate '
+          'it.')
     for variable, value in zip(self._model_variables + copy_variables,
-                               model_values + inner_values):
+                               list(model_values) + list(inner_values)):
       variable.assign(value)
-    self._inner.apply(grads, self._model_variables)
-    return ([tf.convert_to_tensor(v) for v in self._model_variables],
-            [tf.convert_to_tensor(v) for v in copy_variables])
 
-  def _create(self, inner: keras.optimizers.Optimizer,
-              model_variables: List[Any]) -> None:
-    with tf.init_scope():
-      try:
-        copy = type(inner).from_config(inner.get_config())
-      except Exception as error:  # pylint: disable=broad-except
-        raise ValueError(
-            'stateless_apply() on the TensorFlow backend runs a copy of the '
-            f'inner optimizer, but {type(inner).__name__} could not be '
-            f'recreated from its config: {error}') from error
-      scratch = []
-      for variable in model_variables:
-        twin = keras.Variable(
-            np.zeros(variable.shape, variable.dtype), dtype=variable.dtype,
-            trainable=True, name=variable.name)
-        # Set, not passed: Keras 3.3's Variable takes no constraint argument.
-        twin.constraint = variable.constraint
-        if getattr(variable, 'overwrite_with_gradient', False):
-          twin.overwrite_with_gradient = True
-        scratch.append(twin)
-      copy.build(scratch)
-    self._inner, self._model_variables = copy, scratch
+  def apply(self, grads: List[Any]) -> None:
+    self._inner.apply(grads, self._model_variables)
+
+  def read(self) -> Tuple[List[tf.Tensor], List[tf.Tensor]]:
+    return ([tf.convert_to_tensor(v) for v in self._model_variables],
+            [tf.convert_to_tensor(v) for v in self._inner.variables])
+
+
+def _settings(config: Dict[str, Any]) -> Dict[str, Any]:
+  # A config less a learning rate held in a variable: its value travels
+  # with the optimizer's variables, not with its settings.
+  if isinstance(config.get('learning_rate'), numbers.Real):
+    config = {k: v for k, v in config.items() if k != 'learning_rate'}
+  return config
 
 
 def _scaled_flags(grads: List[Any], variables: List[Any]) -> List[bool]:

@@ -29,9 +29,9 @@ import tf_keras
 
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
+from tf_loss_scale import guards
 from tf_loss_scale import precision
 from tf_loss_scale import step
-from tf_loss_scale.keras import ownership
 from tf_loss_scale.keras import tf23_surface
 
 _DelegatingTrackable = tf.__internal__.tracking.DelegatingTrackableMixin
@@ -69,8 +69,7 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
       ValueError: If `optimizer` is a loss scale optimizer or already
         wrapped, `loss_scale` is invalid, or under an unsupported strategy.
     """
-    _check_inner_optimizer(optimizer)
-    distribute.check_strategy_supported(f'{type(self).__name__}()')
+    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, loss_scale)
     scale = tf23_surface.loss_scale_from(loss_scale)
     # Set without tf_keras's attribute tracking: with the checkpoint
     # delegated to the inner optimizer, a tracked attribute would become one
@@ -80,7 +79,6 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
     object.__setattr__(self, '_trackable', optimizer)
     # TF 2.3's checkpoint format: the inner optimizer's plus `loss_scale`.
     self._track_trackable(scale, 'loss_scale', overwrite=True)
-    ownership.remember_wrapper(optimizer, self)
     precision.warn_if_scaling_is_not_needed(
         tf_keras.mixed_precision.global_policy().compute_dtype,
         'LossScaleOptimizer')
@@ -133,19 +131,18 @@ class _TfKerasLossScaleOptimizer(tf23_surface.TF23Surface,
         strategy.
     """
     where = f'{type(self).__name__}.apply_gradients()'
-    distribute.check_strategy_supported(where)
+    guards.check_step(where, [self._loss_scale, self.inner_optimizer])
     distribute.require_replica_context(where)
     pairs = list(grads_and_vars)
     variables = [v for _, v in pairs]
-    update_op, applied = step.apply_step(
+    op = step.apply_step(
         [g for g, _ in pairs], step.LossScaleState(self._loss_scale),
         lambda grads: apply_inner(list(zip(grads, variables))),
-        reduces=not aggregate, on_skip=self._count_skipped_step)
-    if not execution.in_tf1_graph():
-      # Eagerly the step has run; in a tf.function its ops run in program
-      # order, and an op would not pass through strategy.run.
-      return None
-    return tf.group([op for op in (update_op, applied) if op is not None])
+        reduces=not aggregate,
+        on_skip=lambda _: self._count_skipped_step()).op
+    # Eagerly the step has run; in a tf.function its ops run in program
+    # order.
+    return op if execution.in_tf1_graph() else None
 
   def _count_skipped_step(self) -> Any:
     # TF 2.3: `iterations` counts every step, applied or skipped.
@@ -335,11 +332,3 @@ class LossScaleOptimizerV3(_TfKerasLossScaleOptimizer,
   def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
     """Lets the inner optimizer finalize `var_list` (for example its EMA)."""
     self.inner_optimizer.finalize_variable_values(var_list)
-
-
-def _check_inner_optimizer(optimizer: Any) -> None:
-  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-    raise ValueError(
-        f'optimizer is already a loss scale optimizer '
-        f'({type(optimizer).__name__}); wrap the plain optimizer instead.')
-  ownership.check_not_wrapped(optimizer, 'optimizer')

@@ -1,7 +1,6 @@
-"""What both Keras loss scale optimizers share, and the experimental base.
+"""The experimental base around Keras 3 optimizers.
 
-`check_inner_optimizer` is the check both Keras forms make on the Keras 3
-optimizer they wrap. `LossScaleOptimizerBase` is the base
+`LossScaleOptimizerBase` is the base
 of the TF 2.0-2.3 form (`experimental.py`): it holds a
 `tf_loss_scale.LossScale` and runs `tf_loss_scale.step` with it each
 `apply`. (The Keras 3 form keeps Keras's own state and does not use it.)
@@ -18,9 +17,9 @@ import keras
 import tensorflow as tf
 
 from tf_loss_scale import distribute
+from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import step
-from tf_loss_scale.keras import ownership
 
 
 class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
@@ -46,19 +45,18 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
       ValueError: If it is a loss scale optimizer, is already wrapped, or has
         its own `loss_scale_factor`; or under an unsupported strategy.
     """
-    check_inner_optimizer(inner_optimizer)
+    guards.check_new_wrapper(inner_optimizer, guards.EXPERIMENTAL_FORM,
+                             loss_scale)
     if inner_optimizer.loss_scale_factor is not None:
       raise ValueError(
           'inner_optimizer has loss_scale_factor='
           f'{inner_optimizer.loss_scale_factor!r}; the loss would be scaled '
           'twice. Create it with loss_scale_factor=None.')
-    distribute.check_strategy_supported(f'{type(self).__name__}()')
     # Deliberately skips keras.optimizers.LossScaleOptimizer.__init__: only
     # the generic optimizer state (name, own iterations) is wanted.
     keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name)
     self.inner_optimizer = inner_optimizer
     self._loss_scale = loss_scale
-    ownership.remember_wrapper(inner_optimizer, self)
 
   @property
   def iterations(self) -> Any:
@@ -117,7 +115,8 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
       ValueError: In a cross-replica context, under an unsupported strategy,
         or without variables before the optimizer is built.
     """
-    distribute.check_strategy_supported(f'{type(self).__name__}.apply()')
+    guards.check_step(f'{type(self).__name__}.apply()',
+                      [self._loss_scale, self.inner_optimizer])
     distribute.require_replica_context(f'{type(self).__name__}.apply()')
     grads = list(grads)
     if trainable_variables is None:
@@ -136,7 +135,7 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
     step.apply_step(
         grads, step.LossScaleState(self._loss_scale),
         lambda g: self.inner_optimizer.apply(g, trainable_variables),
-        on_skip=self._on_skipped_step)
+        on_skip=lambda _: self._on_skipped_step())
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]) -> Any:
     """Applies `(gradient, variable)` pairs like `apply`.
@@ -154,30 +153,6 @@ class LossScaleOptimizerBase(keras.optimizers.LossScaleOptimizer):
   def _on_skipped_step(self) -> None:
     """Runs in the cross-replica context when a step is skipped."""
     return None
-
-
-def check_inner_optimizer(inner_optimizer: Any) -> None:
-  """Refuses what no Keras loss scale optimizer of this library can wrap.
-
-  Args:
-    inner_optimizer: The optimizer about to be wrapped.
-
-  Raises:
-    TypeError: If it is not a Keras 3 optimizer.
-    ValueError: If it is a loss scale optimizer, or is already wrapped by a
-      live wrapper (it would take two steps per step and keep two scales).
-  """
-  if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
-    raise ValueError(
-        'inner_optimizer is already a loss scale optimizer '
-        f'({type(inner_optimizer).__name__}); wrap the plain optimizer '
-        'instead.')
-  if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-    raise TypeError(
-        'inner_optimizer must be a Keras 3 optimizer (keras.optimizers.*), '
-        f'but got {inner_optimizer!r} of type '
-        f'{type(inner_optimizer).__name__}.')
-  ownership.check_not_wrapped(inner_optimizer, 'inner_optimizer')
 
 
 def _unzip(grads_and_vars: Iterable[Tuple[Any, Any]]) -> Tuple[list, list]:

@@ -1,0 +1,131 @@
+"""The four front ends, driven the same way by tests of what they share.
+
+`FRONT_ENDS` holds one `FrontEnd` per public form: the v1 wrapper around a
+`tf.compat.v1` optimizer, the Keras 3 form, and the experimental (TF 2.3)
+form around a Keras 3 and around a tf_keras optimizer. Each makes its inner
+optimizer, the wrapper with a dynamic scale, a variable, one step, and reads
+back the scale, its good-step counter and the monitoring record, so a test
+can state one rule once and check it on every front end.
+"""
+
+import dataclasses
+from typing import Any, Callable, List
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+import tf_loss_scale
+from tf_loss_scale import keras as tls_keras
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontEnd:
+  """One front end and how to drive it.
+
+  Attributes:
+    name: The id tests are parametrized by.
+    inner: Makes an SGD inner optimizer of the front end's family, given the
+      learning rate.
+    wrap: Wraps an inner optimizer, given it, the initial scale and the
+      finite steps after which the scale grows.
+    variable: Makes a variable of the family, given its initial value and
+      dtype.
+    peer: Wraps an inner optimizer in the family's peer loss scale
+      optimizer (Keras's, tf_keras's, TensorFlow's v1).
+    scaled_gradients: Whether `apply` takes gradients of the scaled loss
+      (the Keras 3 form) rather than unscaled ones.
+  """
+  name: str
+  inner: Callable[[float], Any]
+  wrap: Callable[[Any, float, int], Any]
+  variable: Callable[[Any, Any], Any]
+  peer: Callable[[Any], Any]
+  scaled_gradients: bool = False
+
+  def apply(self, opt: Any, grads: List[Any], variables: List[Any]) -> Any:
+    """One step: the front end's own apply, in its own calling convention."""
+    if self.scaled_gradients:
+      scale = tf.cast(self.scale_tensor(opt), tf.float32)
+      return opt.apply([tf.cast(tf.cast(g, tf.float32) * scale, g.dtype)
+                        for g in grads], variables)
+    return opt.apply_gradients(list(zip(grads, variables)))
+
+  def build(self, opt: Any, variables: List[Any]) -> None:
+    """Creates a Keras 3 optimizer's variables (the others need no build)."""
+    if self.variable is _keras_variable:
+      opt.build(variables)
+
+  def scale_tensor(self, opt: Any) -> tf.Tensor:
+    if self.scaled_gradients:
+      if not opt.built:
+        return tf.constant(opt.initial_scale, tf.float32)
+      return tf.convert_to_tensor(opt.dynamic_scale)
+    return opt.loss_scale()
+
+  def state(self, opt: Any) -> dict:
+    """The scale, its counter and the monitoring record, as Python values."""
+    if self.scaled_gradients:
+      counter, record = opt.step_counter, opt
+    else:
+      counter, record = opt.loss_scale.good_steps, opt.loss_scale
+    return {'scale': float(self.scale_tensor(opt)),
+            'good_steps': int(tf.convert_to_tensor(counter)),
+            'skipped_steps': int(record.skipped_steps),
+            'last_step_skipped': bool(record.last_step_skipped)}
+
+
+def _dynamic(initial: float, period: int) -> tf_loss_scale.DynamicLossScale:
+  return tf_loss_scale.DynamicLossScale(initial_loss_scale=initial,
+                                        increment_period=period)
+
+
+def _tf_variable(value: Any, dtype: Any) -> tf.Variable:
+  return tf.Variable(np.asarray(value, dtype))
+
+
+def _keras_variable(value: Any, dtype: Any) -> keras.Variable:
+  return keras.Variable(np.asarray(value, dtype), dtype=np.dtype(dtype).name)
+
+
+V1 = FrontEnd(
+    name='v1',
+    inner=tf.compat.v1.train.GradientDescentOptimizer,
+    wrap=lambda inner, initial, period: (
+        tf_loss_scale.MixedPrecisionLossScaleOptimizer(
+            inner, _dynamic(initial, period))),
+    variable=_tf_variable,
+    peer=lambda inner: (
+        tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+            inner, 'dynamic')))
+
+KERAS3 = FrontEnd(
+    name='keras3',
+    inner=keras.optimizers.SGD,
+    wrap=lambda inner, initial, period: tls_keras.LossScaleOptimizer(
+        inner, initial_scale=initial, dynamic_growth_steps=period),
+    variable=_keras_variable,
+    peer=keras.optimizers.LossScaleOptimizer,
+    scaled_gradients=True)
+
+EXPERIMENTAL_KERAS3 = FrontEnd(
+    name='experimental_keras3',
+    inner=keras.optimizers.SGD,
+    wrap=lambda inner, initial, period: (
+        tls_keras.experimental.LossScaleOptimizer(inner,
+                                                  _dynamic(initial, period))),
+    variable=_keras_variable,
+    peer=keras.optimizers.LossScaleOptimizer)
+
+EXPERIMENTAL_TF_KERAS = FrontEnd(
+    name='experimental_tf_keras',
+    inner=tf_keras.optimizers.legacy.SGD,
+    wrap=lambda inner, initial, period: (
+        tls_keras.experimental.LossScaleOptimizer(inner,
+                                                  _dynamic(initial, period))),
+    variable=_tf_variable,
+    peer=tf_keras.mixed_precision.LossScaleOptimizer)
+
+FRONT_ENDS = (V1, KERAS3, EXPERIMENTAL_KERAS3, EXPERIMENTAL_TF_KERAS)
+IDS = [f.name for f in FRONT_ENDS]

@@ -1,0 +1,311 @@
+"""One guard policy, on all four front ends (tf_loss_scale/guards.py).
+
+Every rule is checked on the v1 wrapper, the Keras 3 form, and the
+experimental form around a Keras 3 and around a tf_keras optimizer:
+
+- an optimizer is wrapped once: not by two of ours, not when a peer's loss
+  scale optimizer (Keras's, tf_keras's, TensorFlow's v1) holds it, and a
+  loss scale optimizer is never wrapped;
+- CentralStorageStrategy, ParameterServerStrategy and TPUStrategy are
+  refused before anything is built, at construction and at each step;
+- under a strategy, a loss scale or optimizer made outside its scope is
+  refused, at construction when the strategy is known, else at the step;
+- a wrong optimizer type names what each form takes.
+
+Messages start with the peer's words (tf_keras's for wrapping, TF 2.3's for
+strategies, TensorFlow's v1 wrapper's for its type) and say what to do.
+"""
+
+import gc
+import re
+import weakref
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import front_ends
+import tf_loss_scale
+from tf_loss_scale import guards
+
+FRONT_ENDS = front_ends.FRONT_ENDS
+IDS = front_ends.IDS
+_ARGUMENT = {'v1': 'opt', 'keras3': 'inner_optimizer',
+             'experimental_keras3': 'optimizer',
+             'experimental_tf_keras': 'optimizer'}
+_WRAPPED_TWICE = ('^"{argument}" is already wrapped by a LossScaleOptimizer. '
+                  'An optimizer can only be wrapped by a single '
+                  'LossScaleOptimizer: .* holds .*Keep using that wrapper, or '
+                  'create a new optimizer for this one.$')
+_WRAPS_A_WRAPPER = ('^LossScaleOptimizer cannot wrap another '
+                    'LossScaleOptimizer, but got: .* It is already a loss '
+                    'scale optimizer: use it as it is, or pass .* a new '
+                    'optimizer.$')
+_UNSUPPORTED = ('^Loss scaling is not supported with the '
+                'tf.distribute.Strategy: {name}. Try using a different '
+                'Strategy, e.g. a MirroredStrategy \\(.*MirroredStrategy, '
+                'MultiWorkerMirroredStrategy, OneDeviceStrategy and no '
+                'strategy work\\).$')
+_TPU = ('^Loss scaling is not supported with TPUStrategy. Loss scaling is '
+        'unnecessary with TPUs, since they support bfloat16 instead of '
+        'float16 and bfloat16 does not require loss scaling. You should '
+        'remove the use of the LossScaleOptimizer when TPUs are used. .*'
+        "'mixed_bfloat16' policy")
+_OUTSIDE_SCOPE = ('the variables .* were created outside the scope of the '
+                  'MirroredStrategy in use, so the replicas would not share '
+                  'them. Create the optimizer, its inner optimizer and its '
+                  'loss scale inside `with strategy.scope\\(\\):`')
+
+
+def _wrap(front_end, inner):
+  return front_end.wrap(inner, 8.0, 2)
+
+
+# --- what is wrapped ----------------------------------------------------------
+
+
+@pytest.mark.parametrize('first,second', [
+    (front_ends.V1, front_ends.V1),
+    (front_ends.KERAS3, front_ends.KERAS3),
+    (front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3),
+    (front_ends.EXPERIMENTAL_KERAS3, front_ends.KERAS3),
+    (front_ends.EXPERIMENTAL_KERAS3, front_ends.EXPERIMENTAL_KERAS3),
+    (front_ends.EXPERIMENTAL_TF_KERAS, front_ends.EXPERIMENTAL_TF_KERAS),
+], ids=lambda f: f.name)
+def test_an_optimizer_one_of_ours_holds_is_refused(first, second):
+  inner = first.inner(0.1)
+  holder = _wrap(first, inner)
+  with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
+      argument=_ARGUMENT[second.name])) as refused:
+    _wrap(second, inner)
+  assert type(holder).__name__ in str(refused.value)
+
+
+@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+def test_an_optimizer_a_peer_holds_is_refused(front_end):
+  inner = front_end.inner(0.1)
+  peer = front_end.peer(inner)
+  with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
+      argument=_ARGUMENT[front_end.name])) as refused:
+    _wrap(front_end, inner)
+  assert type(peer).__name__ in str(refused.value)
+
+
+@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+def test_an_optimizer_whose_wrapper_was_dropped_can_be_wrapped_again(
+    front_end):
+  inner = front_end.inner(0.1)
+  front_end.peer(inner)  # Dropped at once; it may linger in a cycle.
+  _wrap(front_end, inner)  # So is this one.
+  assert _wrap(front_end, inner).inner_optimizer is inner
+
+
+@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('make_wrapper', ['ours', 'peer'])
+def test_a_loss_scale_optimizer_is_never_wrapped(front_end, make_wrapper):
+  inner = front_end.inner(0.1)
+  wrapper = (_wrap(front_end, inner) if make_wrapper == 'ours' else
+             front_end.peer(inner))
+  with pytest.raises(ValueError, match=_WRAPS_A_WRAPPER):
+    _wrap(front_end, wrapper)
+
+
+def test_each_form_names_what_it_takes_and_where_to_go():
+  v1_optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+  experimental = tf_loss_scale.keras.experimental.LossScaleOptimizer
+  with pytest.raises(TypeError) as refused:
+    experimental(v1_optimizer, 'dynamic')
+  assert str(refused.value).startswith(
+      '"optimizer" must be an instance of OptimizerV2, but got: ')
+  for expected in ('wraps a Keras 3 optimizer (keras.optimizers.*) or a '
+                   'tf_keras optimizer', 'GradientDescentOptimizer',
+                   'use tf_loss_scale.MixedPrecisionLossScaleOptimizer'):
+    assert expected in str(refused.value)
+
+  with pytest.raises(TypeError) as refused:
+    tf_loss_scale.keras.LossScaleOptimizer(v1_optimizer)
+  assert str(refused.value).startswith(
+      '"inner_optimizer" must be a Keras 3 optimizer, but got: ')
+  assert ('For a tf.compat.v1.train.Optimizer use '
+          'tf_loss_scale.MixedPrecisionLossScaleOptimizer(opt, loss_scale)'
+          in str(refused.value))
+  with pytest.raises(TypeError, match='For a tf_keras optimizer use '
+                     'tf_loss_scale.keras.experimental.LossScaleOptimizer'):
+    tf_loss_scale.keras.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD())
+
+  v1_wrapper = tf_loss_scale.MixedPrecisionLossScaleOptimizer
+  with pytest.raises(ValueError) as refused:
+    v1_wrapper(keras.optimizers.SGD(), 'dynamic')
+  assert str(refused.value).startswith(
+      '"opt" must be an instance of Optimizer, but got: <class ')
+  assert ('For a Keras 3 optimizer use tf_loss_scale.keras.LossScaleOptimizer'
+          in str(refused.value))
+  with pytest.raises(ValueError, match='For a tf_keras optimizer use '
+                     'tf_loss_scale.keras.experimental.LossScaleOptimizer'):
+    v1_wrapper(tf_keras.optimizers.legacy.SGD(), 'dynamic')
+  with pytest.raises(ValueError, match="got: <class 'str'>"):
+    v1_wrapper('sgd', 'dynamic')
+
+
+# --- where a step may run -----------------------------------------------------
+
+
+def _fake_strategy(monkeypatch, strategy_type):
+  # No TPU or parameter servers here: an uninitialised instance stands in
+  # for the current strategy; the guards must refuse it by type alone.
+  fake = object.__new__(strategy_type)
+  monkeypatch.setattr(tf.distribute, 'has_strategy', lambda: True)
+  monkeypatch.setattr(tf.distribute, 'get_strategy', lambda: fake)
+
+
+_REFUSED_TYPES = {
+    'central_storage': tf.distribute.experimental.CentralStorageStrategy,
+    'parameter_server': tf.distribute.experimental.ParameterServerStrategy,
+    'tpu': tf.distribute.TPUStrategy,
+}
+
+
+@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('strategy_name', sorted(_REFUSED_TYPES))
+def test_unsupported_strategies_are_refused_at_construction(
+    front_end, strategy_name, monkeypatch):
+  inner = front_end.inner(0.1)
+  loss_scale = tf_loss_scale.DynamicLossScale()
+  strategy_type = _REFUSED_TYPES[strategy_name]
+  _fake_strategy(monkeypatch, strategy_type)
+  expected = (_TPU if strategy_name == 'tpu' else
+              _UNSUPPORTED.format(name=strategy_type.__name__))
+  with pytest.raises(ValueError, match=expected):
+    if front_end.scaled_gradients:
+      tf_loss_scale.keras.LossScaleOptimizer(inner)
+    elif front_end is front_ends.V1:
+      tf_loss_scale.MixedPrecisionLossScaleOptimizer(inner, loss_scale)
+    else:
+      tf_loss_scale.keras.experimental.LossScaleOptimizer(inner, loss_scale)
+
+
+@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+def test_central_storage_is_refused_at_the_step_before_anything_runs(
+    front_end):
+  opt = _wrap(front_end, front_end.inner(1.0))
+  var = front_end.variable([1.0, 2.0], np.float32)
+  front_end.apply(opt, [tf.constant([1.0, 1.0])], [var])
+  before = front_end.state(opt)
+  strategy = tf.distribute.experimental.CentralStorageStrategy()
+  with strategy.scope():
+    with pytest.raises(ValueError, match=_UNSUPPORTED.format(
+        name='CentralStorageStrategy')):
+      strategy.run(lambda: front_end.apply(opt, [tf.constant([1.0, 1.0])],
+                                           [var]))
+  assert front_end.state(opt) == before
+  assert var.numpy().tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize('front_end', [
+    front_ends.V1, front_ends.EXPERIMENTAL_KERAS3,
+    front_ends.EXPERIMENTAL_TF_KERAS], ids=lambda f: f.name)
+def test_a_loss_scale_made_outside_the_scope_is_refused_at_construction(
+    front_end, mirrored_strategy):
+  loss_scale = tf_loss_scale.DynamicLossScale()
+  with mirrored_strategy.scope():
+    inner = front_end.inner(0.1)
+    with pytest.raises(ValueError, match=_OUTSIDE_SCOPE) as refused:
+      if front_end is front_ends.V1:
+        tf_loss_scale.MixedPrecisionLossScaleOptimizer(inner, loss_scale)
+      else:
+        tf_loss_scale.keras.experimental.LossScaleOptimizer(inner, loss_scale)
+  assert "'current_loss_scale:0'" in str(refused.value)
+
+
+@pytest.mark.parametrize('front_end', [
+    front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3], ids=lambda f: f.name)
+def test_an_optimizer_made_outside_the_scope_is_refused_at_construction(
+    front_end, mirrored_strategy):
+  inner = front_end.inner(0.1)  # Keras 3 optimizers make variables at once.
+  with mirrored_strategy.scope():
+    with pytest.raises(ValueError, match=_OUTSIDE_SCOPE):
+      _wrap(front_end, inner)
+
+
+@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+def test_state_made_outside_the_scope_is_refused_at_the_step(
+    front_end, mirrored_strategy):
+  opt = _wrap(front_end, front_end.inner(1.0))
+  with mirrored_strategy.scope():
+    var = front_end.variable([1.0, 2.0], np.float32)
+  front_end.build(opt, [var])
+  before = front_end.state(opt)
+
+  @tf.function
+  def train_step():
+    mirrored_strategy.run(
+        lambda: front_end.apply(opt, [tf.constant([1.0, 1.0])], [var]))
+
+  with pytest.raises(ValueError, match=_OUTSIDE_SCOPE):
+    train_step()
+  assert front_end.state(opt) == before
+  assert var.numpy().tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+def test_state_made_in_the_scope_trains(front_end, mirrored_strategy):
+  with mirrored_strategy.scope():
+    opt = _wrap(front_end, front_end.inner(1.0))
+    var = front_end.variable([1.0, 2.0], np.float32)
+    front_end.build(opt, [var])
+
+  @tf.function
+  def train_step():
+    mirrored_strategy.run(
+        lambda: front_end.apply(opt, [tf.constant([1.0, 1.0])], [var]))
+
+  train_step()
+  # [1, 1] on each replica, summed over two.
+  assert var.numpy().tolist() == [-1.0, 0.0]
+  assert front_end.state(opt)['good_steps'] == 1
+
+
+def test_check_step_without_a_strategy_checks_nothing():
+  guards.check_step('step()', [tf.Variable(1.0)])
+
+
+def test_check_step_names_the_variables_made_outside_the_scope(
+    mirrored_strategy):
+  outside = tf.Variable(1.0, name='made_outside')
+  with mirrored_strategy.scope():
+    inside = tf.Variable(1.0, name='made_inside')
+    with pytest.raises(ValueError) as refused:
+      guards.check_step('step()', [inside, outside, 'ignored', None])
+  assert str(refused.value).startswith(
+      "step(): the variables ['made_outside:0'] were created outside the "
+      'scope of the MirroredStrategy in use')
+
+
+def test_check_step_reads_the_variables_of_optimizers_and_loss_scales(
+    mirrored_strategy):
+  loss_scale = tf_loss_scale.DynamicLossScale()
+  keras_optimizer = keras.optimizers.SGD()
+  with mirrored_strategy.scope():
+    with pytest.raises(ValueError) as refused:
+      guards.check_step('step()', [loss_scale, keras_optimizer])
+  names = re.search(r'\[(.*)\]', str(refused.value)).group(1)
+  assert "'current_loss_scale:0'" in names and "'good_steps:0'" in names
+  assert 'iteration' in names
+
+
+def test_a_dead_wrapper_in_a_reference_cycle_holds_nothing():
+  inner = keras.optimizers.SGD()
+  gc.disable()
+  try:
+    wrapper = tf_loss_scale.keras.LossScaleOptimizer(inner)
+    wrapper.itself = wrapper
+    dead = weakref.ref(wrapper)
+    del wrapper  # Unreachable, but not freed until the collector runs.
+    assert dead() is not None
+    assert tf_loss_scale.keras.LossScaleOptimizer(
+        inner).inner_optimizer is inner
+    assert dead() is None
+  finally:
+    gc.enable()

@@ -1,0 +1,313 @@
+"""What the loss scale optimizers refuse to wrap, and where they refuse to run.
+
+One policy for the four front ends: `tf_loss_scale.MixedPrecisionLossScaleOptimizer`,
+`tf_loss_scale.keras.LossScaleOptimizer`, and `tf_loss_scale.keras.
+experimental.LossScaleOptimizer` around Keras 3 and around tf_keras
+optimizers. Each calls `check_new_wrapper` in its constructor and
+`check_step` when a step starts, before anything of the step is built, so a
+refused call changes nothing. The rules:
+
+- Each form wraps its own family of optimizer (`V1_FORM`, `KERAS_FORM`,
+  `EXPERIMENTAL_FORM`) and, given another, names the form that takes it.
+- A loss scale optimizer is never wrapped (this library's or a peer's:
+  Keras's, tf_keras's, TensorFlow's v1), nor an optimizer that a live one
+  already holds: it would take two steps per training step, driven by two
+  loss scales. The peers keep no link from the optimizer to its wrapper, so
+  the holder is found with `gc.get_referrers`, which walks every object the
+  garbage collector tracks: a few tens of milliseconds per construction in a
+  process with TensorFlow and Keras loaded (about 35 ms for 400,000 objects),
+  nothing per step.
+- Loss scaling runs under no strategy, `MirroredStrategy`,
+  `MultiWorkerMirroredStrategy` or `OneDeviceStrategy`: not under
+  `CentralStorageStrategy` or `ParameterServerStrategy` (a replica holds no
+  copy of the variables, so the replicas cannot skip a step together), nor
+  `TPUStrategy` (TPUs compute in bfloat16, which needs no loss scale).
+- Under a strategy, the loss scale and the optimizer must have been created
+  in its scope: otherwise their variables are not mirrored and each replica
+  would update one copy of its own.
+
+Messages start with the peer's wording where the peer has one (TensorFlow's
+and TF 2.3's, tf_keras's), then say what to do.
+"""
+
+import gc
+import sys
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
+
+import tensorflow as tf
+
+
+class Form(NamedTuple):
+  """A front end, as the guards name it and check what it wraps.
+
+  Attributes:
+    name: The public class, as users spell it.
+    argument: The constructor argument that takes the optimizer.
+    accepts: Tells whether an optimizer is of the family the form wraps.
+    accepted: What the form wraps, for messages.
+  """
+  name: str
+  argument: str
+  accepts: Callable[[Any], bool]
+  accepted: str
+
+
+def _is_v1_optimizer(optimizer: Any) -> bool:
+  return isinstance(optimizer, tf.compat.v1.train.Optimizer)
+
+
+def _is_keras3_optimizer(optimizer: Any) -> bool:
+  return isinstance(optimizer, _keras_optimizer_types(keras3=True))
+
+
+def _is_keras_optimizer(optimizer: Any) -> bool:
+  return isinstance(optimizer, _keras_optimizer_types(keras3=False))
+
+
+V1_FORM = Form(
+    'tf_loss_scale.MixedPrecisionLossScaleOptimizer', 'opt', _is_v1_optimizer,
+    'a tf.compat.v1.train.Optimizer')
+KERAS_FORM = Form(
+    'tf_loss_scale.keras.LossScaleOptimizer', 'inner_optimizer',
+    _is_keras3_optimizer, 'a Keras 3 optimizer (keras.optimizers.*)')
+EXPERIMENTAL_FORM = Form(
+    'tf_loss_scale.keras.experimental.LossScaleOptimizer', 'optimizer',
+    _is_keras_optimizer,
+    'a Keras 3 optimizer (keras.optimizers.*) or a tf_keras optimizer '
+    '(tf_keras.optimizers.*, or tf_keras.optimizers.legacy.*: the '
+    'OptimizerV2 that TF 2.3 wrapped)')
+
+# Where to go with an optimizer of each family, most specific first.
+_FORM_FOR_FAMILY = (
+    (_is_v1_optimizer, f'For a tf.compat.v1.train.Optimizer use '
+                       f'{V1_FORM.name}(opt, loss_scale).'),
+    (_is_keras3_optimizer, f'For a Keras 3 optimizer use {KERAS_FORM.name}('
+                           'inner_optimizer), or TF 2.3\'s API: '
+                           f'{EXPERIMENTAL_FORM.name}(optimizer, '
+                           'loss_scale).'),
+    (_is_keras_optimizer, f'For a tf_keras optimizer use '
+                          f'{EXPERIMENTAL_FORM.name}(optimizer, loss_scale).'),
+)
+
+
+def check_new_wrapper(optimizer: Any, form: Form,
+                      loss_scale: Any = None) -> None:
+  """Refuses what no front end may wrap, and a strategy it cannot run under.
+
+  Call it first in a constructor, before anything is created.
+
+  Args:
+    optimizer: The optimizer about to be wrapped.
+    form: The front end being constructed.
+    loss_scale: The loss scale the wrapper will drive, if it exists already
+      (a `LossScale`); anything else (an identifier, None) is ignored.
+
+  Raises:
+    TypeError: If a Keras form is given an optimizer of another family.
+    ValueError: If the v1 form is given an optimizer of another family; if
+      `optimizer` is a loss scale optimizer or a live one holds it; under a
+      strategy the library refuses; or if `optimizer` or `loss_scale` was
+      created outside the current strategy's scope.
+  """
+  wrappers = _loss_scale_optimizer_types()
+  if isinstance(optimizer, wrappers):
+    raise ValueError(
+        'LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: '
+        f'{optimizer}. It is already a loss scale optimizer: use it as it is, '
+        f'or pass {form.name} a new optimizer.')
+  if not form.accepts(optimizer):
+    _raise_wrong_family(optimizer, form)
+  holder = _live_holder(optimizer, wrappers)
+  if holder is not None:
+    raise ValueError(
+        f'"{form.argument}" is already wrapped by a LossScaleOptimizer. An '
+        'optimizer can only be wrapped by a single LossScaleOptimizer: '
+        f'{_describe(holder)} holds {_describe(optimizer)}. Keep using that '
+        f'wrapper, or create a new optimizer for this one.')
+  check_step(f'{form.name}()', [loss_scale, optimizer])
+
+
+def check_step(where: str, state: Sequence[Any]) -> None:
+  """Refuses a step under a strategy the library does not support.
+
+  Call it when a step starts, before anything of the step is built. Nothing
+  is checked outside any strategy.
+
+  Args:
+    where: The call being checked, named in the messages.
+    state: What the step reads or writes: loss scales, optimizers (of any
+      family) and variables (`tf.Variable`s or Keras variables); their
+      variables that exist so far are checked. Anything else is ignored.
+
+  Raises:
+    ValueError: Under CentralStorageStrategy, ParameterServerStrategy or
+      TPUStrategy, or if a variable of `state` was created outside the
+      current strategy's scope.
+  """
+  if not tf.distribute.has_strategy():
+    return
+  strategy = tf.distribute.get_strategy()
+  name = type(strategy).__name__
+  if isinstance(strategy, _strategy_types('TPUStrategy')):
+    raise ValueError(
+        'Loss scaling is not supported with TPUStrategy. Loss scaling is '
+        'unnecessary with TPUs, since they support bfloat16 instead of '
+        'float16 and bfloat16 does not require loss scaling. You should '
+        'remove the use of the LossScaleOptimizer when TPUs are used. '
+        f"({where}: use the 'mixed_bfloat16' policy and the inner optimizer "
+        'on its own.)')
+  if isinstance(strategy, _strategy_types('CentralStorageStrategy',
+                                          'ParameterServerStrategy')):
+    raise ValueError(
+        'Loss scaling is not supported with the tf.distribute.Strategy: '
+        f'{name}. Try using a different Strategy, e.g. a MirroredStrategy '
+        f'({where}: under {name} a replica holds no copy of the variables, '
+        'so the replicas cannot skip a step together; MirroredStrategy, '
+        'MultiWorkerMirroredStrategy, OneDeviceStrategy and no strategy '
+        'work).')
+  variables = [_tf_variable(v) for owner in state
+               for v in _variables_of(owner)]
+  outside = [v.name for v in variables
+             if not strategy.extended.variable_created_in_scope(v)]
+  if outside:
+    raise ValueError(
+        f'{where}: the variables {outside} were created outside the scope of '
+        f'the {name} in use, so the replicas would not share them. Create '
+        'the optimizer, its inner optimizer and its loss scale inside '
+        '`with strategy.scope():`, and do not use them before that.')
+
+
+def _raise_wrong_family(optimizer: Any, form: Form) -> None:
+  hint = next((text for is_family, text in _FORM_FOR_FAMILY
+               if is_family(optimizer)), '')
+  if form is V1_FORM:
+    # TensorFlow's v1 wrapper raises ValueError, with these first words.
+    raise ValueError(
+        f'"opt" must be an instance of Optimizer, but got: {type(optimizer)}. '
+        f'{form.name} wraps {form.accepted}. {hint}'.strip())
+  # TF 2.3's first words for the experimental form; the Keras 3 form's peer
+  # checks nothing, so its message takes the same shape.
+  needed = ('an instance of OptimizerV2' if form is EXPERIMENTAL_FORM else
+            'a Keras 3 optimizer')
+  raise TypeError(
+      f'"{form.argument}" must be {needed}, but got: {optimizer}. '
+      f'{form.name} wraps {form.accepted}; got an object of type '
+      f'{type(optimizer).__name__}. {hint}'.strip())
+
+
+def _live_holder(optimizer: Any, wrappers: tuple) -> Optional[Any]:
+  """The live loss scale optimizer that holds `optimizer`, if any."""
+  if _holder(optimizer, wrappers) is None:
+    return None
+  # A dropped wrapper may be garbage in a reference cycle that has not been
+  # collected yet: it holds nothing.
+  gc.collect()
+  return _holder(optimizer, wrappers)
+
+
+def _holder(optimizer: Any, wrappers: tuple) -> Optional[Any]:
+  referrers = gc.get_referrers(optimizer)
+  # An object whose attributes live in its __dict__ refers to the optimizer
+  # through that dict; others (inline attributes) refer to it directly.
+  holder = next((r for r in referrers if isinstance(r, wrappers)), None)
+  if holder is not None:
+    return holder
+  namespaces = [r for r in referrers
+                if type(r) is dict and '__builtins__' not in r]  # pylint: disable=unidiomatic-typecheck
+  if not namespaces:
+    return None
+  return next((owner for owner in gc.get_referrers(*namespaces)
+               if isinstance(owner, wrappers) and
+               any(getattr(owner, '__dict__', None) is namespace
+                   for namespace in namespaces)), None)
+
+
+def _describe(obj: Any) -> str:
+  name = getattr(obj, 'name', None)
+  if callable(name) or name is None:
+    getter = getattr(obj, 'get_name', None)
+    name = getter() if callable(getter) else None
+  kind = f'{type(obj).__module__}.{type(obj).__qualname__}'
+  return f'{kind} {name!r}' if isinstance(name, str) else kind
+
+
+def _loss_scale_optimizer_types() -> tuple:
+  # Looked up among the modules already imported: no loss scale optimizer of
+  # a package can exist before that package is imported.
+  keras = sys.modules.get('keras')
+  tf_keras = sys.modules.get('tf_keras')
+  ours = sys.modules.get('tf_loss_scale.optimizer_v1')
+  candidates = [
+      getattr(tf.compat.v1.mixed_precision,
+              'MixedPrecisionLossScaleOptimizer', None),
+      getattr(getattr(keras, 'mixed_precision', None), 'LossScaleOptimizer',
+              None),
+      getattr(getattr(tf_keras, 'mixed_precision', None),
+              'LossScaleOptimizer', None),
+      getattr(ours, 'MixedPrecisionLossScaleOptimizer', None),
+  ]
+  return tuple(t for t in candidates if isinstance(t, type))
+
+
+def _keras_optimizer_types(keras3: bool) -> tuple:
+  """Optimizer base classes of the Keras packages already imported.
+
+  Args:
+    keras3: Whether to keep only Keras 3's (told by `keras.ops`, which
+      Keras 2 lacks).
+
+  Returns:
+    A tuple of classes.
+  """
+  found = []
+  for name in ('keras', 'tf_keras'):
+    module = sys.modules.get(name)
+    optimizers = getattr(module, 'optimizers', None)
+    if optimizers is None:
+      continue
+    is_keras3 = hasattr(module, 'ops')
+    if keras3 and not is_keras3:
+      continue
+    found.append(getattr(optimizers, 'Optimizer', None))
+    if not is_keras3:
+      found.append(getattr(getattr(optimizers, 'legacy', None), 'Optimizer',
+                           None))
+  return tuple(t for t in found if isinstance(t, type))
+
+
+def _strategy_types(*names: str) -> tuple:
+  # Looked up by public name, so a TensorFlow without one of them has
+  # nothing to refuse.
+  found = []
+  for namespace in (tf.distribute, tf.distribute.experimental,
+                    tf.compat.v1.distribute.experimental):
+    for name in names:
+      strategy_type = getattr(namespace, name, None)
+      if isinstance(strategy_type, type):
+        found.append(strategy_type)
+  return tuple(found)
+
+
+def _variables_of(owner: Any) -> List[Any]:
+  """A variable itself, or the variables of a loss scale or an optimizer."""
+  if _is_variable(owner):
+    return [owner]
+  variables = getattr(owner, 'variables', None)
+  if variables is None or isinstance(owner, (str, bytes, dict)):
+    return []
+  # tf.compat.v1 and tf_keras legacy optimizers have a method, the others a
+  # property.
+  return list(variables() if callable(variables) else variables)
+
+
+def _is_variable(value: Any) -> bool:
+  keras_variable = getattr(sys.modules.get('keras'), 'Variable', None)
+  return isinstance(value, tf.Variable) or (
+      isinstance(keras_variable, type) and isinstance(value, keras_variable))
+
+
+def _tf_variable(variable: Any) -> Any:
+  # A Keras 3 variable holds its tf.Variable as `value`.
+  if isinstance(variable, tf.Variable):
+    return variable
+  return variable.value
