@@ -112,6 +112,97 @@ def test_matches_keras2_loss_scale_optimizer_step_by_step(name,
         f'{name} step {i}: iterations')
 
 
+def _gradient_sequence(steps=10):
+  rng = np.random.default_rng(11)
+  grads = []
+  for i in range(steps):
+    grad = rng.normal(size=3).astype(np.float32)
+    if i in (2, 3, 7):
+      grad[i % 3] = NAN if i == 3 else INF
+    grads.append(grad)
+  return grads
+
+
+@pytest.mark.parametrize('name', ['legacy_sgd_momentum', 'legacy_adam'])
+def test_matches_keras2_loss_scale_optimizer_in_a_tf1_graph(name):
+  # TF 2.3's graph mode: each optimizer's minimize() op run by a Session,
+  # fed the same gradients; every step compared.
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    grad = tf.compat.v1.placeholder(tf.float32, [3])
+    our_var = tf.compat.v1.Variable([1.0, -2.0, 0.5], use_resource=True)
+    ref_var = tf.compat.v1.Variable([1.0, -2.0, 0.5], use_resource=True)
+    ours = _ours(OPTIMIZERS[name]())
+    reference = keras2.mixed_precision.LossScaleOptimizer(
+        OPTIMIZERS[name](), initial_scale=32.0, dynamic_growth_steps=3)
+    our_op = ours.minimize(lambda: tf.reduce_sum(our_var * grad), [our_var])
+    ref_op = reference.minimize(lambda: tf.reduce_sum(ref_var * grad),
+                                [ref_var])
+    assert isinstance(our_op, tf.Operation)
+    session.run(tf.compat.v1.global_variables_initializer())
+    for i, value in enumerate(_gradient_sequence()):
+      session.run([our_op, ref_op], {grad: value})
+      np.testing.assert_array_equal(
+          session.run(our_var), session.run(ref_var),
+          err_msg=f'{name} step {i}: variable')
+      for mine, theirs in zip(ours.inner_optimizer.variables(),
+                              reference.inner_optimizer.variables()):
+        np.testing.assert_array_equal(
+            session.run(mine), session.run(theirs),
+            err_msg=f'{name} step {i}: optimizer variable {mine.name}')
+      assert session.run(ours.loss_scale()) == session.run(
+          reference.loss_scale), f'{name} step {i}: loss scale'
+      assert session.run(ours.iterations) == session.run(
+          reference.iterations) == i + 1, f'{name} step {i}: iterations'
+
+
+@pytest.mark.parametrize('name', sorted(OPTIMIZERS))
+def test_matches_keras2_loss_scale_optimizer_on_two_replicas(
+    mirrored_strategy, name):
+  # Each replica computes its own gradient (the second one half the
+  # first's, or inf/NaN only there): the step's verdict is about the sums.
+  with mirrored_strategy.scope():
+    our_var = tf.Variable([1.0, -2.0, 0.5])
+    ref_var = tf.Variable([1.0, -2.0, 0.5])
+    ours = _ours(OPTIMIZERS[name]())
+    reference = keras2.mixed_precision.LossScaleOptimizer(
+        OPTIMIZERS[name](), initial_scale=32.0, dynamic_growth_steps=3)
+
+  def step_function(opt, var):
+    # One function per optimizer: each creates its variables on its first
+    # call.
+    @tf.function
+    def train(grad, second_replica_grad):
+      def replica_step():
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        replica_grad = tf.where(replica == 0, grad, second_replica_grad)
+        with tf.GradientTape() as tape:
+          scaled_loss = opt.get_scaled_loss(tf.reduce_sum(var * replica_grad))
+        grads = opt.get_unscaled_gradients(tape.gradient(scaled_loss, [var]))
+        opt.apply_gradients(zip(grads, [var]))
+      mirrored_strategy.run(replica_step)
+    return train
+
+  our_step = step_function(ours, our_var)
+  ref_step = step_function(reference, ref_var)
+  local = mirrored_strategy.experimental_local_results
+  for i, value in enumerate(_gradient_sequence()):
+    first = np.where(np.isfinite(value), value, 1.0).astype(np.float32)
+    our_step(tf.constant(first), tf.constant(value * 0.5))
+    ref_step(tf.constant(first), tf.constant(value * 0.5))
+    for replica, (mine, theirs) in enumerate(zip(local(our_var),
+                                                 local(ref_var))):
+      np.testing.assert_array_equal(
+          mine.numpy(), theirs.numpy(),
+          err_msg=f'{name} step {i}, replica {replica}: variable')
+    for mine, theirs in zip(_inner_values(ours), _inner_values(reference)):
+      np.testing.assert_array_equal(
+          mine, theirs, err_msg=f'{name} step {i}: optimizer variables')
+    assert float(ours.loss_scale()) == float(reference.loss_scale), (
+        f'{name} step {i}: loss scale')
+    assert int(ours.iterations.numpy()) == int(
+        reference.iterations.numpy()) == i + 1, f'{name} step {i}: iterations'
+
+
 def test_fixed_loss_scale_never_skips():
   opt = experimental.LossScaleOptimizer(keras2.optimizers.legacy.SGD(1.0),
                                         4)

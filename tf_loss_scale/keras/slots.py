@@ -34,11 +34,14 @@ class SlotTable:
       Nothing; on exit `optimizer` is as it was.
     """
     create = optimizer.add_variable_from_reference
-    reference_arg, name_arg = list(inspect.signature(create).parameters)[:2]
 
     def create_and_record(*args, **kwargs):
       slot = create(*args, **kwargs)
-      given = inspect.signature(create).bind(*args, **kwargs).arguments
+      # The reference variable and the slot's name are the first two
+      # arguments (their names differ between Keras 2 and Keras 3).
+      signature = inspect.signature(create)
+      reference_arg, name_arg = list(signature.parameters)[:2]
+      given = signature.bind(*args, **kwargs).arguments
       self.add(given[reference_arg], given.get(name_arg), slot)
       return slot
 
