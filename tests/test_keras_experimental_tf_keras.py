@@ -48,6 +48,17 @@ def _inner_values(opt):
   return [v.numpy() for v in variables]
 
 
+def _assert_same_optimizer_state(ours, reference, where, iterations):
+  """Our wrapper's state equals Keras 2's own wrapper's after a step."""
+  for mine, theirs in zip(_inner_values(ours), _inner_values(reference)):
+    np.testing.assert_array_equal(
+        mine, theirs, err_msg=f'{where}: optimizer variables')
+  assert float(ours.loss_scale()) == float(reference.loss_scale), (
+      f'{where}: loss scale')
+  assert int(ours.iterations.numpy()) == int(
+      reference.iterations.numpy()) == iterations, f'{where}: iterations'
+
+
 def test_path_follows_the_inner_optimizer_and_isinstance_holds():
   legacy = experimental.LossScaleOptimizer(keras2.optimizers.legacy.SGD(),
                                            'dynamic')
@@ -103,13 +114,7 @@ def test_matches_keras2_loss_scale_optimizer_step_by_step(name,
     ref_step(reference, ref_var, tf.constant(grad))
     np.testing.assert_array_equal(our_var.numpy(), ref_var.numpy(),
                                   err_msg=f'{name} step {i}: variable')
-    for mine, theirs in zip(_inner_values(ours), _inner_values(reference)):
-      np.testing.assert_array_equal(
-          mine, theirs, err_msg=f'{name} step {i}: optimizer variables')
-    assert float(ours.loss_scale()) == float(reference.loss_scale), (
-        f'{name} step {i}: loss scale')
-    assert int(ours.iterations) == int(reference.iterations) == i + 1, (
-        f'{name} step {i}: iterations')
+    _assert_same_optimizer_state(ours, reference, f'{name} step {i}', i + 1)
 
 
 def _gradient_sequence(steps=10):
@@ -194,13 +199,7 @@ def test_matches_keras2_loss_scale_optimizer_on_two_replicas(
       np.testing.assert_array_equal(
           mine.numpy(), theirs.numpy(),
           err_msg=f'{name} step {i}, replica {replica}: variable')
-    for mine, theirs in zip(_inner_values(ours), _inner_values(reference)):
-      np.testing.assert_array_equal(
-          mine, theirs, err_msg=f'{name} step {i}: optimizer variables')
-    assert float(ours.loss_scale()) == float(reference.loss_scale), (
-        f'{name} step {i}: loss scale')
-    assert int(ours.iterations.numpy()) == int(
-        reference.iterations.numpy()) == i + 1, f'{name} step {i}: iterations'
+    _assert_same_optimizer_state(ours, reference, f'{name} step {i}', i + 1)
 
 
 def test_fixed_loss_scale_never_skips():

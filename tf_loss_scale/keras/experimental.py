@@ -231,6 +231,19 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
     """The wrapper's name, as TF 2.3's was."""
     return _NAME
 
+  @property
+  def weights(self) -> List[Any]:
+    """The inner optimizer's variables (iterations, hyperparameters, slots)."""
+    return list(self.inner_optimizer.variables)
+
+  def get_weights(self) -> List[Any]:
+    """Returns the values of `weights` as NumPy arrays."""
+    return [variable.numpy() for variable in self.weights]
+
+  def set_weights(self, weights: Sequence[Any]) -> None:
+    """Sets the inner optimizer's variables from `get_weights()` values."""
+    self.inner_optimizer.set_weights(weights)
+
   # ---- scaling ----------------------------------------------------------
 
   def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:

@@ -191,7 +191,7 @@ class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
     self.inner_optimizer.set_weights(weights)
 
 
-class _New(checkpointing.HidesForwardedSlots, _Keras2):
+class _New(slots.SlotsByVariable, checkpointing.HidesForwardedSlots, _Keras2):
   """Loss scaling around a Keras 2 new optimizer.
 
   The same contract as the legacy class, with the methods these optimizers
@@ -205,11 +205,6 @@ class _New(checkpointing.HidesForwardedSlots, _Keras2):
   _INNER_METHODS = frozenset({
       'add_variable', 'add_variable_from_reference', 'aggregate_gradients',
       'exclude_from_weight_decay', 'update_step', 'finalize_variable_values'})
-
-  def __init__(self, optimizer: Any,
-               loss_scale: experimental.LossScaleArgument):
-    super().__init__(optimizer, loss_scale)
-    object.__setattr__(self, '_slots', slots.SlotTable())
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
                       name: Optional[str] = None,
@@ -260,26 +255,12 @@ class _New(checkpointing.HidesForwardedSlots, _Keras2):
 
   def build(self, var_list: Sequence[Any]) -> None:
     """Creates the inner optimizer's variables for `var_list`."""
-    with self._slots.recording(self.inner_optimizer):
-      self.inner_optimizer.build(var_list)
+    self._build_inner(var_list)
 
   @property
   def variables(self) -> List[tf.Variable]:
     """The inner optimizer's variables."""
     return self.inner_optimizer.variables
-
-  @property
-  def weights(self) -> List[tf.Variable]:
-    """The inner optimizer's variables (TF 2.3's name)."""
-    return list(self.inner_optimizer.variables)
-
-  def get_weights(self) -> List[Any]:
-    """The values of the inner optimizer's variables."""
-    return [variable.numpy() for variable in self.weights]
-
-  def set_weights(self, weights: Sequence[Any]) -> None:
-    """Sets the inner optimizer's variables from `get_weights()` values."""
-    self.inner_optimizer.set_weights(weights)
 
   def save_own_variables(self, store: Any) -> None:
     """Saves the inner optimizer's variables into `store` (`.keras` files)."""
@@ -289,34 +270,9 @@ class _New(checkpointing.HidesForwardedSlots, _Keras2):
     """Restores the inner optimizer's variables from `store`."""
     self.inner_optimizer.load_own_variables(store)
 
-  def add_slot(self, var: Any, slot_name: str,
-               initializer: Any = 'zeros') -> tf.Variable:
-    """Creates a variable of the inner optimizer shaped like `var`.
-
-    Args:
-      var: The model variable the slot belongs to.
-      slot_name: The slot's name.
-      initializer: A Keras initializer or its name.
-
-    Returns:
-      The new slot variable.
-    """
+  def _new_slot(self, var: Any, slot_name: str,
+                initializer: Any) -> tf.Variable:
     initial_value = self._keras.initializers.get(initializer)(
         shape=var.shape, dtype=var.dtype)
-    slot = self.inner_optimizer.add_variable_from_reference(
+    return self.inner_optimizer.add_variable_from_reference(
         var, slot_name, initial_value=initial_value)
-    self._slots.add(var, slot_name, slot)
-    return slot
-
-  def get_slot(self, var: Any, slot_name: str) -> tf.Variable:
-    """The inner optimizer's slot `slot_name` of `var`, found by `var` itself.
-
-    Raises:
-      KeyError: If `var` is not one of the optimizer's variables or has no
-        slot of that name.
-    """
-    return self._slots.get(var, slot_name)
-
-  def get_slot_names(self) -> List[str]:
-    """The sorted names of the inner optimizer's slots."""
-    return self._slots.names()

@@ -30,7 +30,8 @@ from tf_loss_scale.keras import slots
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.experimental', name='LossScaleOptimizer')
-class LossScaleOptimizer(experimental.LossScaleOptimizer,
+class LossScaleOptimizer(slots.SlotsByVariable,
+                         experimental.LossScaleOptimizer,
                          checkpointing.HidesForwardedSlots,
                          keras.optimizers.LossScaleOptimizer):
   """`experimental.LossScaleOptimizer` around a Keras 3 optimizer.
@@ -47,11 +48,6 @@ class LossScaleOptimizer(experimental.LossScaleOptimizer,
       'add_variable', 'add_variable_from_reference',
       'add_optimizer_variables', 'exclude_from_weight_decay', 'update_step',
       'finalize_variable_values'})
-
-  def __init__(self, optimizer: keras.optimizers.Optimizer,
-               loss_scale: experimental.LossScaleArgument):
-    super().__init__(optimizer, loss_scale)
-    object.__setattr__(self, '_slots', slots.SlotTable())
 
   @classmethod
   def _check_inner_optimizer(cls, optimizer: Any) -> None:
@@ -80,8 +76,7 @@ class LossScaleOptimizer(experimental.LossScaleOptimizer,
       var_list: The trainable variables this optimizer will update.
     """
     if not self.inner_optimizer.built:
-      with self._slots.recording(self.inner_optimizer):
-        self.inner_optimizer.build(var_list)
+      self._build_inner(var_list)
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
     """Tells whether every gradient is finite, summed across replicas.
@@ -207,58 +202,9 @@ class LossScaleOptimizer(experimental.LossScaleOptimizer,
 
   # ---- slots and weights (the inner optimizer's) --------------------------
 
-  def add_slot(self, var: Any, slot_name: str,
-               initializer: Any = 'zeros') -> Any:
-    """Creates a variable of the inner optimizer shaped like `var`.
-
-    Args:
-      var: The model variable the slot belongs to.
-      slot_name: The slot's name.
-      initializer: A Keras initializer or its name.
-
-    Returns:
-      The new slot variable.
-    """
-    slot = self.inner_optimizer.add_variable_from_reference(
+  def _new_slot(self, var: Any, slot_name: str, initializer: Any) -> Any:
+    return self.inner_optimizer.add_variable_from_reference(
         var, name=slot_name, initializer=initializer)
-    self._slots.add(var, slot_name, slot)
-    return slot
-
-  def get_slot(self, var: Any, slot_name: str) -> Any:
-    """Returns the inner optimizer's slot `slot_name` of `var`.
-
-    Found by `var` itself (see `slots`), so variables that share a name
-    each get their own.
-
-    Args:
-      var: A model variable the optimizer was built with.
-      slot_name: One of `get_slot_names()`.
-
-    Returns:
-      The slot variable.
-
-    Raises:
-      KeyError: If `var` is not one of the optimizer's variables or has no
-        slot of that name.
-    """
-    return self._slots.get(var, slot_name)
-
-  def get_slot_names(self) -> List[str]:
-    """Returns the sorted names of the inner optimizer's slots."""
-    return self._slots.names()
-
-  @property
-  def weights(self) -> List[Any]:
-    """The inner optimizer's variables (iterations, hyperparameters, slots)."""
-    return list(self.inner_optimizer.variables)
-
-  def get_weights(self) -> List[Any]:
-    """Returns the values of `weights` as NumPy arrays."""
-    return [variable.numpy() for variable in self.weights]
-
-  def set_weights(self, weights: Sequence[Any]) -> None:
-    """Sets the inner optimizer's variables from `get_weights()` values."""
-    self.inner_optimizer.set_weights(weights)
 
   def save_own_variables(self, store: Any) -> None:
     """Saves `variables` (loss scale, then inner optimizer) into `store`."""

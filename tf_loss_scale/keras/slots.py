@@ -12,7 +12,7 @@ a name, and the inner optimizer may be built in another order).
 
 import contextlib
 import inspect
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 
 class SlotTable:
@@ -81,6 +81,66 @@ class SlotTable:
     """The sorted names of the slots recorded."""
     return sorted({name for _, slots in self._by_variable.values()
                    for name in slots})
+
+
+class SlotsByVariable:
+  """TF 2.3's `get_slot`/`get_slot_names` for an inner optimizer without them.
+
+  A mixin placed before `experimental.LossScaleOptimizer`: it keeps a
+  `SlotTable` of the inner optimizer's slots, filled by `_build_inner`.
+  """
+
+  def __init__(self, *args: Any, **kwargs: Any):
+    super().__init__(*args, **kwargs)
+    object.__setattr__(self, '_slots', SlotTable())
+
+  def _build_inner(self, var_list: Sequence[Any]) -> None:
+    """Builds the inner optimizer for `var_list`, recording its slots."""
+    with self._slots.recording(self.inner_optimizer):
+      self.inner_optimizer.build(var_list)
+
+  def add_slot(self, var: Any, slot_name: str,
+               initializer: Any = 'zeros') -> Any:
+    """Creates a variable of the inner optimizer shaped like `var`.
+
+    Args:
+      var: The model variable the slot belongs to.
+      slot_name: The slot's name.
+      initializer: A Keras initializer or its name.
+
+    Returns:
+      The new slot variable.
+    """
+    slot = self._new_slot(var, slot_name, initializer)
+    self._slots.add(var, slot_name, slot)
+    return slot
+
+  def _new_slot(self, var: Any, slot_name: str, initializer: Any) -> Any:
+    """Makes the inner optimizer create a slot (its Keras's way)."""
+    raise NotImplementedError
+
+  def get_slot(self, var: Any, slot_name: str) -> Any:
+    """Returns the inner optimizer's slot `slot_name` of `var`.
+
+    Found by `var` itself, so variables that share a name each get their
+    own.
+
+    Args:
+      var: A model variable the optimizer was built with.
+      slot_name: One of `get_slot_names()`.
+
+    Returns:
+      The slot variable.
+
+    Raises:
+      KeyError: If `var` is not one of the optimizer's variables or has no
+        slot of that name.
+    """
+    return self._slots.get(var, slot_name)
+
+  def get_slot_names(self) -> List[str]:
+    """Returns the sorted names of the inner optimizer's slots."""
+    return self._slots.names()
 
 
 def _describe(variable: Any) -> str:
