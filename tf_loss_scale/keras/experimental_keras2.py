@@ -79,11 +79,16 @@ class _Keras2(experimental.LossScaleOptimizer):
     return isinstance(self.loss_scale, loss_scale_lib.DynamicLossScale)
 
   @property
-  def initial_scale(self) -> float:
-    """The loss scale's first (dynamic) or only (fixed) value."""
+  def initial_scale(self) -> Optional[float]:
+    """The loss scale's first (dynamic) or only (fixed) value.
+
+    None for a user's own `LossScale`, which has neither.
+    """
     if self.dynamic:
       return self.loss_scale.initial_loss_scale
-    return float(self.loss_scale())
+    if isinstance(self.loss_scale, loss_scale_lib.FixedLossScale):
+      return self.loss_scale.loss_scale_value
+    return None
 
   @property
   def dynamic_growth_steps(self) -> Optional[int]:
