@@ -279,6 +279,36 @@ def test_model_save_and_load_model_keep_the_optimizer(tmp_path, family, fmt):
       bare_loaded.optimizer.iterations)
 
 
+_LOAD_IN_A_FRESH_PROCESS = '''
+import json, sys
+import keras_families
+keras2 = keras_families.keras2()
+from tf_loss_scale.keras import experimental
+model = keras2.models.load_model(sys.argv[1])
+print(json.dumps([type(model.optimizer).__name__,
+                  type(model.optimizer.inner_optimizer).__name__,
+                  int(model.optimizer.iterations.numpy()),
+                  float(model.optimizer.loss_scale())]))
+'''
+
+
+@pytest.mark.parametrize('family', ['legacy', 'new'])
+def test_hdf5_model_loads_in_a_fresh_process_that_imports_the_form(
+    tmp_path, family):
+  # Keras 2 finds the optimizer class by its registered name: importing
+  # tf_loss_scale.keras.experimental registers it, before anything is
+  # wrapped in that process.
+  make = {'legacy': lambda: keras2.optimizers.legacy.Adam(0.01),
+          'new': lambda: keras2.optimizers.Adam(0.01)}[family]
+  path = str(tmp_path / 'model.h5')
+  model, _ = _fit_save_load(path, _ours(make(), 8.0, 1000), 'h5')
+  loaded = fresh_process.run_json(['-c', _LOAD_IN_A_FRESH_PROCESS, path],
+                                  legacy_keras=keras_families.legacy_keras_env())
+  assert loaded == [type(model.optimizer).__name__,
+                    type(model.optimizer.inner_optimizer).__name__,
+                    int(model.optimizer.iterations.numpy()), 8.0]
+
+
 def test_tf1_graph_minimize_apply_gradients_and_get_updates():
   with tf.Graph().as_default():
     var = tf.compat.v1.Variable([1.0, 2.0], use_resource=True)

@@ -442,3 +442,19 @@ def class_for(family: families.Family) -> type:
 def _group(strategy: tf.distribute.Strategy, *ops: Any) -> tf.Operation:
   del strategy  # Grouping is the same under every strategy.
   return tf.group([op for op in ops if op is not None])
+
+
+def _register_for_loaded_keras2() -> None:
+  # Keras 2 restores an optimizer from an HDF5 file or a SavedModel by its
+  # registered name: importing this module is what makes the Keras 2 classes
+  # known to the Keras 2 packages already imported (tf.keras on TensorFlow
+  # <= 2.15), before any optimizer is wrapped in this process.
+  keras2 = [keras for keras in families.loaded_namespaces()
+            if families.is_keras2(keras)]
+  if keras2:
+    from tf_loss_scale.keras import experimental_keras2  # pylint: disable=g-import-not-at-top
+    for keras in keras2:
+      experimental_keras2.classes_for(keras)
+
+
+_register_for_loaded_keras2()
