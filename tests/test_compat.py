@@ -1,10 +1,10 @@
 """Tests for tf_loss_scale.compat: opt-in legacy names."""
 
 import functools
+import importlib
 import os
 import sys
 
-import keras
 import pytest
 import tensorflow as tf
 
@@ -13,6 +13,7 @@ from tf_loss_scale import compat
 from tf_loss_scale.keras import experimental
 
 import fresh_process
+import keras_families
 
 _LEGACY_SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                'legacy_scripts')
@@ -20,16 +21,31 @@ _GUIDE_LOOP = 'tf23_custom_training_loop.py'
 _COMPILE_FIT = 'tf23_compile_fit.py'
 
 
+# Whether a child process runs with TF_USE_LEGACY_KERAS=1: TensorFlow's
+# default tf.keras (Keras 3 on 2.16+, Keras 2 before), or tf_keras on 2.16+.
+LEGACY_KERAS = [
+    pytest.param(False, id='default'),
+    pytest.param(True, id='legacy_keras', marks=pytest.mark.skipif(
+        not keras_families.tf_keras_can_be_keras3(),
+        reason='TF_USE_LEGACY_KERAS=1 is for TensorFlow 2.16+ (tf.keras is '
+        'Keras 2 already here)')),
+]
+# The child process setting in which tf.keras is Keras 2.
+KERAS2_IS_TF_KERAS = keras_families.tf_keras_can_be_keras3()
+# The package whose classes tf.keras holds, e.g. keras or tf_keras.
+TF_KERAS_PACKAGE = importlib.import_module(
+    tf.keras.mixed_precision.Policy.__module__.split('.')[0])
+
+
 @pytest.fixture
 def installed():
   compat.install()
   yield
   compat.uninstall()
-  keras.mixed_precision.set_global_policy('float32')
+  tf.keras.mixed_precision.set_global_policy('float32')
 
 
-@pytest.mark.parametrize('legacy_keras', [False, True],
-                         ids=['keras3', 'tf_keras'])
+@pytest.mark.parametrize('legacy_keras', LEGACY_KERAS)
 def test_importing_changes_nothing(legacy_keras):
   code = (
       'import json, sys, tensorflow as tf, tf_loss_scale.compat as c\n'
@@ -44,12 +60,12 @@ def test_importing_changes_nothing(legacy_keras):
 def test_install_puts_library_classes_under_legacy_names(installed):
   from tensorflow.keras.mixed_precision import experimental as mp  # pylint: disable=g-import-not-at-top
   assert mp.LossScaleOptimizer is experimental.LossScaleOptimizer
-  # tf.keras is Keras 3 here: its Policy and global policy functions.
-  assert mp.Policy is keras.mixed_precision.Policy
-  assert mp.set_policy is keras.mixed_precision.set_global_policy
-  assert mp.global_policy is keras.mixed_precision.global_policy
+  # The Policy and global policy functions of the Keras tf.keras is.
+  assert mp.Policy is tf.keras.mixed_precision.Policy
+  assert mp.set_policy is tf.keras.mixed_precision.set_global_policy
+  assert mp.global_policy is tf.keras.mixed_precision.global_policy
   assert tf.keras.mixed_precision.experimental is mp
-  assert keras.mixed_precision.experimental is mp
+  assert TF_KERAS_PACKAGE.mixed_precision.experimental is mp
   for name in ('LossScale', 'FixedLossScale', 'DynamicLossScale'):
     assert getattr(tf.train.experimental, name) is getattr(tf_loss_scale, name)
     assert (getattr(tf.mixed_precision.experimental, name)
@@ -87,36 +103,42 @@ def test_install_is_idempotent_and_uninstall_removes_everything():
   compat.uninstall()
   compat.uninstall()
   assert not compat.is_installed()
-  assert not hasattr(keras.mixed_precision, 'experimental')
+  assert not hasattr(TF_KERAS_PACKAGE.mixed_precision, 'experimental')
   assert not hasattr(tf.keras.mixed_precision, 'experimental')
   assert not hasattr(tf.train.experimental, 'DynamicLossScale')
   assert 'tensorflow.keras.mixed_precision.experimental' not in sys.modules
   assert 'tensorflow.mixed_precision.experimental' not in sys.modules
 
 
-_NAMES_UNDER_TF_KERAS = '''
-import json, sys
+_NAMES_WHERE_TF_KERAS_IS_KERAS2 = '''
+import importlib, json, sys
 import tensorflow as tf
-import tf_keras
 import tf_loss_scale
 from tf_loss_scale.keras import experimental
 
+# The Keras 2 package tf.keras is: keras 2.x (TF <= 2.15) or tf_keras.
+package = importlib.import_module(
+    tf.keras.mixed_precision.Policy.__module__.split('.')[0])
 tf_loss_scale.compat.install()
 from tensorflow.keras.mixed_precision import experimental as mp
 names = {
-    'tf.keras is tf_keras': tf.keras.layers.Dense is tf_keras.layers.Dense,
+    'tf.keras is Keras 2': hasattr(tf.keras.optimizers, 'legacy') and not
+        hasattr(tf.keras.optimizers.Optimizer, 'stateless_apply'),
     'LossScaleOptimizer': (
         mp.LossScaleOptimizer is experimental.LossScaleOptimizer),
-    'Policy': mp.Policy is tf_keras.mixed_precision.Policy,
-    'set_policy': mp.set_policy is tf_keras.mixed_precision.set_global_policy,
-    'global_policy': mp.global_policy is tf_keras.mixed_precision.global_policy,
+    'Policy': mp.Policy is tf.keras.mixed_precision.Policy,
+    'set_policy': mp.set_policy is tf.keras.mixed_precision.set_global_policy,
+    'global_policy': mp.global_policy is tf.keras.mixed_precision.global_policy,
     'tf.keras.mixed_precision.experimental': (
         tf.keras.mixed_precision.experimental is mp),
-    'tf_keras.mixed_precision.experimental': (
-        tf_keras.mixed_precision.experimental is mp),
-    'tf.compat.v1.keras.mixed_precision.experimental': (
-        tf.compat.v1.keras.mixed_precision.experimental is mp),
+    package.__name__ + '.mixed_precision.experimental': (
+        package.mixed_precision.experimental is mp),
 }
+v1 = tf.compat.v1.keras.mixed_precision
+if type(v1).__delattr__ is type(sys).__delattr__:
+  # A plain module (TensorFlow 2.12's lazy wrapper could not forget it).
+  names['tf.compat.v1.keras.mixed_precision.experimental'] = (
+      v1.experimental is mp)
 for name in ('LossScale', 'FixedLossScale', 'DynamicLossScale'):
   ours = getattr(tf_loss_scale, name)
   names['tf.train.experimental.' + name] = (
@@ -124,13 +146,13 @@ for name in ('LossScale', 'FixedLossScale', 'DynamicLossScale'):
   names['tf.mixed_precision.experimental.' + name] = (
       getattr(tf.mixed_precision.experimental, name) is ours)
 mp.set_policy('mixed_float16')
-names['set_policy sets the policy of tf_keras layers'] = (
-    tf_keras.layers.Dense(1).dtype_policy.name == 'mixed_float16')
+names['set_policy sets the policy of tf.keras layers'] = (
+    tf.keras.layers.Dense(1).dtype_policy.name == 'mixed_float16')
 mp.set_policy('float32')
 tf_loss_scale.compat.uninstall()
 names['uninstall removes them'] = not (
     hasattr(tf.keras.mixed_precision, 'experimental') or
-    hasattr(tf_keras.mixed_precision, 'experimental') or
+    hasattr(package.mixed_precision, 'experimental') or
     hasattr(tf.compat.v1.keras.mixed_precision, 'experimental') or
     'tensorflow.keras.mixed_precision.experimental' in sys.modules or
     hasattr(tf.train.experimental, 'DynamicLossScale') or
@@ -139,13 +161,14 @@ print(json.dumps(names))
 '''
 
 
-def test_install_under_tf_keras_puts_tf_keras_names_under_legacy_names():
-  # TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras, so Policy and set_policy
-  # must be tf_keras's (Keras 3's would not reach tf_keras layers).
-  names = fresh_process.run_json(['-c', _NAMES_UNDER_TF_KERAS],
-                                 legacy_keras=True)
+def test_install_where_tf_keras_is_keras2_puts_its_names_under_legacy_names():
+  # tf.keras is Keras 2 (keras 2.x on TF <= 2.15, tf_keras under
+  # TF_USE_LEGACY_KERAS=1 on 2.16+), so Policy and set_policy must be its
+  # own (Keras 3's would not reach its layers).
+  names = fresh_process.run_json(['-c', _NAMES_WHERE_TF_KERAS_IS_KERAS2],
+                                 legacy_keras=KERAS2_IS_TF_KERAS)
   wrong = [name for name, ok in names.items() if not ok]
-  assert not wrong, f'under TF_USE_LEGACY_KERAS=1, wrong: {wrong}'
+  assert not wrong, f'where tf.keras is Keras 2, wrong: {wrong}'
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,7 +183,7 @@ def _run_legacy_scripts(legacy_keras):
 
 def _script_run(script, legacy_keras):
   run = _run_legacy_scripts(legacy_keras)[script]
-  keras_name = 'tf_keras' if legacy_keras else 'Keras 3'
+  keras_name = 'tf_keras' if legacy_keras else 'the default tf.keras'
   assert 'error' not in run, f'{script} under {keras_name}:\n{run["error"]}'
   # The mixed precision names were the Keras tf.keras is, and they took
   # effect: float16 compute in the layers, float32 outputs.
@@ -184,8 +207,7 @@ def _assert_trained(run, expected_state, min_test_accuracy):
   assert run['test_accuracy'] > min_test_accuracy, run
 
 
-@pytest.mark.parametrize('legacy_keras', [False, True],
-                         ids=['keras3', 'tf_keras'])
+@pytest.mark.parametrize('legacy_keras', LEGACY_KERAS)
 def test_tf23_mixed_precision_guide_runs_unmodified_after_install(
     legacy_keras):
   run = _script_run(_GUIDE_LOOP, legacy_keras)
@@ -203,8 +225,10 @@ def test_tf23_mixed_precision_guide_runs_unmodified_after_install(
   _assert_trained(run, (32768.0, 24, 0, 24), min_test_accuracy=0.9)
 
 
-def test_tf23_compile_fit_script_runs_unmodified_under_tf_keras():
-  run = _script_run(_COMPILE_FIT, legacy_keras=True)
+def test_tf23_compile_fit_script_runs_unmodified_where_tf_keras_is_keras2():
+  # Keras 2's compile keeps the wrapper and its fit calls minimize(), which
+  # scales the loss once.
+  run = _script_run(_COMPILE_FIT, legacy_keras=KERAS2_IS_TF_KERAS)
   assert run['compiled_optimizer_is_optimizer'], (
       f'compile replaced the LossScaleOptimizer: {run["compiled_optimizer"]}')
   # DynamicLossScale(2**8, increment_period=10): 24 finite steps (3 epochs of
@@ -217,6 +241,8 @@ def test_tf23_compile_fit_script_under_keras_3_is_refused_saying_what_to_do():
   # gradients to apply_gradients(), which in TF 2.3's form takes unscaled
   # ones: the experimental form refuses fit at the first step instead of
   # guessing (no hidden flag), and says to run the script on tf_keras.
+  if not keras_families.tf_keras_can_be_keras3():
+    pytest.skip(keras_families.KERAS3_ABSENT)
   run = _run_legacy_scripts(False)[_COMPILE_FIT]
   assert 'RuntimeError' in run.get('error', ''), run
   assert 'TF_USE_LEGACY_KERAS=1' in run['error'], run['error']

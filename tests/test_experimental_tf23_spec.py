@@ -1,10 +1,11 @@
-"""TF 2.3's own tests of its LossScaleOptimizer, ported to tf_keras.
+"""TF 2.3's own tests of its LossScaleOptimizer, ported to Keras 2.
 
 The specification is TensorFlow 2.3's
 `tensorflow/python/keras/mixed_precision/experimental/
-loss_scale_optimizer_test.py`. Every case that means something on tf_keras
-is here, in this project's words, run around `tf_keras.optimizers.legacy`
-optimizers (OptimizerV2, what TF 2.3 wrapped) in three modes: eagerly, in a
+loss_scale_optimizer_test.py`. Every case that means something on Keras 2
+(`tf.keras` on TensorFlow <= 2.15, `tf_keras` on 2.16+) is here, in this
+project's words, run around its legacy optimizers (`optimizers.legacy`,
+OptimizerV2, what TF 2.3 wrapped) in three modes: eagerly, in a
 TF1 graph with a `Session` (TF 2.3's graph mode), and under a two-replica
 MirroredStrategy in a `tf.function` (TF 2.3 ran its "Distribute" cases on
 one CPU; two replicas are stricter). The README lists the cases that cannot
@@ -14,14 +15,16 @@ apply and why.
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras
 
+import keras_families
 import tf_loss_scale
 from tf_loss_scale.keras import experimental
 
+keras2 = keras_families.keras2()
+
 LossScaleOptimizer = experimental.LossScaleOptimizer
-SGD = tf_keras.optimizers.legacy.SGD
-Adam = tf_keras.optimizers.legacy.Adam
+SGD = keras2.optimizers.legacy.SGD
+Adam = keras2.optimizers.legacy.Adam
 MODES = ['eager', 'graph', 'mirrored']
 
 
@@ -280,7 +283,7 @@ def test_attributes_that_are_not_hyperparameters_are_not_exposed():
   assert float(opt.beta_1) == pytest.approx(0.9)
   assert opt.epsilon == inner.epsilon
   with pytest.raises(AttributeError,
-                     match="'LossScaleOptimizerV2' object has no attribute "
+                     match="'LossScaleOptimizer' object has no attribute "
                      "'my_attribute'"):
     _ = opt.my_attribute
 
@@ -303,6 +306,50 @@ def test_inner_apply_gradients_gets_plain_tensors(mirrored_strategy):
   tf.function(lambda: mirrored_strategy.run(
       lambda: opt.minimize(lambda: var * 2.0, [var])))()
   assert seen and all(issubclass(t, tf.Tensor) for t in seen), seen
+
+
+@pytest.mark.parametrize('method', ['minimize', 'apply_gradients'])
+def test_one_op_runs_the_step_in_a_tf1_graph_with_two_replicas(
+    mirrored_strategy, method):
+  # TF 2.3's wrapper, like a bare legacy optimizer, returns the same op from
+  # every replica, so that call_for_each_replica returns that op and a
+  # Session can run it. Before: each replica grouped its own ops, and the
+  # result was a PerReplica that Session.run cannot fetch.
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    with mirrored_strategy.scope():
+      var = tf.Variable([5.0])
+      opt = LossScaleOptimizer(SGD(1.0), _dynamic(8.0, 1000))
+    bad = tf.compat.v1.placeholder(tf.bool, ())
+    # Each replica's loss is half of var * 2 (or NaN): the summed gradient
+    # is 2.
+    loss = lambda: var * tf.where(bad, float('nan'), 2.0) / 2.0
+
+    def replica_step():
+      if method == 'minimize':
+        return opt.minimize(loss, [var])
+      with tf.GradientTape() as tape:
+        scaled = opt.get_scaled_loss(loss())
+      grads = opt.get_unscaled_gradients(tape.gradient(scaled, [var]))
+      return opt.apply_gradients(zip(grads, [var]))
+
+    op = mirrored_strategy.extended.call_for_each_replica(replica_step)
+    assert isinstance(op, tf.Operation), type(op)
+    session.run(tf.compat.v1.global_variables_initializer())
+    expected = [
+        # (bad, variable, scale, iterations)
+        (False, [3.0], 8.0, 1),
+        (True, [3.0], 4.0, 2),
+        (False, [1.0], 4.0, 3),
+    ]
+    for i, (is_bad, value, scale, iterations) in enumerate(expected):
+      session.run(op, {bad: is_bad})
+      for replica, local in enumerate(
+          mirrored_strategy.experimental_local_results(var)):
+        assert session.run(local).tolist() == value, (
+            f'step {i}, replica {replica}: variable')
+      assert session.run(opt.loss_scale()) == scale, f'step {i}: scale'
+      assert session.run(opt.iterations) == iterations, (
+          f'step {i}: iterations')
 
 
 # ---- checkpoints --------------------------------------------------------------
@@ -412,8 +459,8 @@ def test_get_config_and_from_config():
 
 
 def test_serialization_with_a_built_in_optimizer():
-  config = tf_keras.optimizers.serialize(_sgd_with_dynamic_scale())
-  _assert_recreated(tf_keras.optimizers.deserialize(config))
+  config = keras2.optimizers.serialize(_sgd_with_dynamic_scale())
+  _assert_recreated(keras2.optimizers.deserialize(config))
 
 
 def test_serialization_with_a_custom_optimizer():
@@ -424,8 +471,8 @@ def test_serialization_with_a_custom_optimizer():
       super().__init__(*args, **kwargs)
       self.my_attribute = 123
 
-  config = tf_keras.optimizers.serialize(_sgd_with_dynamic_scale(MySGD))
-  opt = tf_keras.optimizers.deserialize(config,
+  config = keras2.optimizers.serialize(_sgd_with_dynamic_scale(MySGD))
+  opt = keras2.optimizers.deserialize(config,
                                         custom_objects={'MySGD': MySGD})
   _assert_recreated(opt)
   assert opt.inner_optimizer.my_attribute == 123

@@ -120,7 +120,7 @@ def test_each_form_names_what_it_takes_and_where_to_go():
   assert str(refused.value).startswith(
       '"optimizer" must be an instance of OptimizerV2, but got: ')
   for expected in ('wraps a Keras 3 optimizer (keras.optimizers.*) or a '
-                   'tf_keras optimizer', 'GradientDescentOptimizer',
+                   'Keras 2 optimizer', 'GradientDescentOptimizer',
                    'use tf_loss_scale.MixedPrecisionLossScaleOptimizer'):
     assert expected in str(refused.value)
 
@@ -131,7 +131,7 @@ def test_each_form_names_what_it_takes_and_where_to_go():
   assert ('For a tf.compat.v1.train.Optimizer use '
           'tf_loss_scale.MixedPrecisionLossScaleOptimizer(opt, loss_scale)'
           in str(refused.value))
-  with pytest.raises(TypeError, match='For a tf_keras optimizer use '
+  with pytest.raises(TypeError, match='For a Keras 2 optimizer use '
                      'tf_loss_scale.keras.experimental.LossScaleOptimizer'):
     tf_loss_scale.keras.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD())
 
@@ -142,7 +142,7 @@ def test_each_form_names_what_it_takes_and_where_to_go():
       '"opt" must be an instance of Optimizer, but got: <class ')
   assert ('For a Keras 3 optimizer use tf_loss_scale.keras.LossScaleOptimizer'
           in str(refused.value))
-  with pytest.raises(ValueError, match='For a tf_keras optimizer use '
+  with pytest.raises(ValueError, match='For a Keras 2 optimizer use '
                      'tf_loss_scale.keras.experimental.LossScaleOptimizer'):
     v1_wrapper(tf_keras.optimizers.legacy.SGD(), 'dynamic')
   with pytest.raises(ValueError, match="got: <class 'str'>"):

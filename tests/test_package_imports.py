@@ -14,6 +14,7 @@ import functools
 import pytest
 
 import fresh_process
+import keras_families
 
 _PROBE = '''
 import json, sys
@@ -40,11 +41,19 @@ result['resolved'] = {
         tf_loss_scale.monitoring.LossScaleCallback.__qualname__,
     'inspect_checkpoint.CheckpointError':
         tf_loss_scale.inspect_checkpoint.CheckpointError.__qualname__,
-    'keras.LossScaleOptimizer':
-        tf_loss_scale.keras.LossScaleOptimizer.__module__,
     'keras.experimental.LossScaleOptimizer':
         tf_loss_scale.keras.experimental.LossScaleOptimizer.__module__,
 }
+try:
+  result['resolved']['keras.LossScaleOptimizer'] = (
+      tf_loss_scale.keras.LossScaleOptimizer.__module__)
+except ImportError as e:
+  result['resolved']['keras.LossScaleOptimizer'] = 'ImportError: ' + str(e)
+try:
+  from tf_loss_scale.keras import LossScaleOptimizer
+  result['from_import'] = LossScaleOptimizer.__module__
+except ImportError as e:
+  result['from_import'] = 'ImportError: ' + str(e)
 errors = {}
 for package, name in ((tf_loss_scale, 'no_such_module'),
                       (tf_loss_scale.keras, 'NoSuchOptimizer')):
@@ -60,8 +69,11 @@ print(json.dumps(result))
 _LAZY_LIBRARY_MODULES = ('tf_loss_scale.compat', 'tf_loss_scale.monitoring',
                          'tf_loss_scale.inspect_checkpoint',
                          'tf_loss_scale.keras.experimental',
+                         'tf_loss_scale.keras.experimental_keras2',
+                         'tf_loss_scale.keras.experimental_keras3',
+                         'tf_loss_scale.keras.families',
                          'tf_loss_scale.keras.loss_scale_optimizer',
-                         'tf_loss_scale.keras.wrapping')
+                         'tf_loss_scale.keras.slots')
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,8 +81,12 @@ def _probe(legacy_keras):
   return fresh_process.run_json(['-c', _PROBE], legacy_keras=legacy_keras)
 
 
-@pytest.fixture(params=[False, True], ids=['keras3', 'tf_keras'])
+@pytest.fixture(params=[False, True], ids=['default', 'legacy_keras'])
 def probe(request):
+  if request.param and not keras_families.tf_keras_can_be_keras3():
+    # TensorFlow <= 2.15 reads the variable too, and then needs tf_keras.
+    pytest.skip('TF_USE_LEGACY_KERAS=1 is for TensorFlow 2.16+ (tf.keras is '
+                'Keras 2 already here)')
   return request.param, _probe(request.param)
 
 
@@ -94,14 +110,30 @@ def test_dir_lists_the_public_modules(probe):
 
 def test_each_public_module_resolves_on_first_access(probe):
   _, result = probe
-  assert result['resolved'] == {
+  resolved = dict(result['resolved'])
+  keras3_form = resolved.pop('keras.LossScaleOptimizer')
+  assert resolved == {
       'compat.install': 'install',
       'monitoring.LossScaleCallback': 'LossScaleCallback',
       'inspect_checkpoint.CheckpointError': 'CheckpointError',
-      'keras.LossScaleOptimizer': 'tf_loss_scale.keras.loss_scale_optimizer',
       'keras.experimental.LossScaleOptimizer':
           'tf_loss_scale.keras.experimental',
   }
+  if keras_families.keras3_or_none() is not None:
+    assert keras3_form == 'tf_loss_scale.keras.loss_scale_optimizer'
+    assert result['from_import'] == keras3_form
+
+
+def test_the_keras3_form_without_keras3_is_an_import_error_naming_the_other():
+  if keras_families.keras3_or_none() is not None:
+    pytest.skip('Keras 3 is installed here: the Keras 3 form imports')
+  result = _probe(False)
+  for resolved in (result['resolved']['keras.LossScaleOptimizer'],
+                   result['from_import']):
+    assert resolved.startswith('ImportError: '), resolved
+    assert 'needs Keras 3 (TensorFlow 2.16 or later)' in resolved, resolved
+    assert 'tf_loss_scale.keras.experimental.LossScaleOptimizer(' in (
+        resolved), resolved
 
 
 def test_unknown_names_raise_attribute_error_naming_them(probe):

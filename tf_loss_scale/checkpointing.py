@@ -58,3 +58,65 @@ def name_v1_dependencies(wrapper: Any, **children: Any) -> None:
   """
   for name, child in children.items():
     wrapper._track_trackable(child, name)  # pylint: disable=protected-access
+
+
+class DelegatesCheckpointToInner:
+  """TF 2.3's layout: the inner optimizer's checkpoint plus `loss_scale`.
+
+  TensorFlow's checkpoint code asks an object for its dependencies through
+  the underscore methods of its Trackable protocol (the ones
+  `tf.__internal__.tracking.Trackable` documents for subclasses to
+  override); tests/test_checkpointing_keras.py fails if TensorFlow stops
+  calling one of those answered here.
+
+  TF 2.3's experimental Keras `LossScaleOptimizer` saved itself as its inner
+  optimizer does (the same dependencies, slots and values) with one more
+  dependency, `loss_scale`. A checkpoint then moves between the wrapper and
+  the bare inner optimizer in both directions. The inner optimizer itself is
+  not a node of the checkpoint: the wrapper stands in for it.
+
+  A subclass has `inner_optimizer` and `loss_scale`.
+  """
+
+  def _trackable_children(self, save_type='checkpoint', **kwargs
+                         ) -> Dict[str, Any]:
+    # What TensorFlow saves under this object (and walks when restoring):
+    # the inner optimizer's dependencies, plus the loss scale.
+    children = dict(self.inner_optimizer._trackable_children(  # pylint: disable=protected-access
+        save_type, **kwargs))
+    children['loss_scale'] = self.loss_scale
+    return children
+
+  def _lookup_dependency(self, name: str, cached_dependencies=None) -> Any:
+    # How restoring finds the object saved under `name` (TensorFlow <= 2.12
+    # passes no cache).
+    if cached_dependencies is None:
+      cached_dependencies = self._trackable_children()
+    return cached_dependencies.get(name)
+
+  @property
+  def _deferred_dependencies(self) -> Dict[str, Any]:
+    # Where restoring leaves the values of dependencies that do not exist
+    # yet (an optimizer creates its hyperparameters and slots on its first
+    # step): the inner optimizer's own, which it reads when it creates them.
+    return self.inner_optimizer._deferred_dependencies  # pylint: disable=protected-access
+
+
+class ForwardsLegacySlotRestoration:
+  """What Keras 2 asks a legacy (OptimizerV2) optimizer on the inner's behalf.
+
+  A subclass has `inner_optimizer`, a Keras 2 legacy optimizer, and stands
+  in for it in checkpoints (`DelegatesCheckpointToInner`).
+  """
+
+  def _create_or_restore_slot_variable(self, *args, **kwargs) -> Any:
+    # Restoring a checkpoint asks the optimizer node for the slot of each
+    # restored variable; the slots are the inner optimizer's (it creates
+    # them, or restores them when its first step creates them).
+    return self.inner_optimizer._create_or_restore_slot_variable(  # pylint: disable=protected-access
+        *args, **kwargs)
+
+  def _create_all_weights(self, var_list: Any) -> None:
+    # Keras 2 creates a legacy optimizer's slots this way before it loads
+    # optimizer weights from an HDF5 file or a SavedModel.
+    self.inner_optimizer._create_all_weights(var_list)  # pylint: disable=protected-access

@@ -12,8 +12,9 @@ tf_loss_scale.compat.install()
 # opt = mixed_precision.LossScaleOptimizer(opt, loss_scale='dynamic')
 ```
 
-The Keras names go into the Keras that `tf.keras` is: Keras 3, or `tf_keras`
-when TensorFlow was imported with `TF_USE_LEGACY_KERAS=1`. Names TensorFlow
+The Keras names go into the Keras that `tf.keras` is: Keras 2 (the `keras`
+2.x of TensorFlow <= 2.15), Keras 3 (2.16 and later), or `tf_keras` when
+TensorFlow 2.16+ was imported with `TF_USE_LEGACY_KERAS=1`. Names TensorFlow
 still defines (the `tf.compat.v1` loss scale classes) are left alone unless
 `install(override=True)`.
 """
@@ -46,8 +47,9 @@ def install(override: bool = False) -> None:
     `set_policy` and `global_policy` (the `Policy`, `set_global_policy` and
     `global_policy` of the Keras that `tf.keras` is). The same module is
     reachable as `keras.mixed_precision.experimental` (or
-    `tf_keras.mixed_precision.experimental`), from `tf.compat.v1.keras` and
-    by `import`;
+    `tf_keras.mixed_precision.experimental`), from `tf.compat.v1.keras`
+    (except on TensorFlow 2.12, whose module there could not forget it
+    again) and by `import`;
   - `tf.train.experimental` and `tf.mixed_precision.experimental` offer
     `LossScale`, `FixedLossScale` and `DynamicLossScale`.
   With `override=True`, the names TensorFlow still ships
@@ -128,7 +130,15 @@ def _keras_mixed_precision_modules() -> List[types.ModuleType]:
              importlib.import_module('tensorflow.keras.mixed_precision'),
              keras_package.mixed_precision,
              tf.compat.v1.keras.mixed_precision]
-  return [m for i, m in enumerate(modules) if m not in modules[:i]]
+  return [m for i, m in enumerate(modules)
+          if m not in modules[:i] and _forgets_attributes(m)]
+
+
+def _forgets_attributes(namespace: Any) -> bool:
+  # TensorFlow 2.12's tf.compat.v1.keras.mixed_precision is a lazy-loading
+  # wrapper that keeps a name it was given after the name is deleted, so
+  # uninstall() could not remove it: such a namespace gets no name.
+  return type(namespace).__delattr__ is types.ModuleType.__delattr__
 
 
 def _new_module(name: str, **attributes: Any) -> types.ModuleType:

@@ -73,9 +73,9 @@ KERAS_FORM = Form(
 EXPERIMENTAL_FORM = Form(
     'tf_loss_scale.keras.experimental.LossScaleOptimizer', 'optimizer',
     _is_keras_optimizer,
-    'a Keras 3 optimizer (keras.optimizers.*) or a tf_keras optimizer '
-    '(tf_keras.optimizers.*, or tf_keras.optimizers.legacy.*: the '
-    'OptimizerV2 that TF 2.3 wrapped)')
+    'a Keras 3 optimizer (keras.optimizers.*) or a Keras 2 optimizer '
+    '(tf.keras.optimizers.* on TensorFlow 2.12-2.15, tf_keras.optimizers.*, '
+    'and their optimizers.legacy.*: the OptimizerV2 that TF 2.3 wrapped)')
 
 # Where to go with an optimizer of each family, most specific first.
 _FORM_FOR_FAMILY = (
@@ -85,7 +85,7 @@ _FORM_FOR_FAMILY = (
                            'inner_optimizer), or TF 2.3\'s API: '
                            f'{EXPERIMENTAL_FORM.name}(optimizer, '
                            'loss_scale).'),
-    (_is_keras_optimizer, f'For a tf_keras optimizer use '
+    (_is_keras_optimizer, f'For a Keras 2 optimizer use '
                           f'{EXPERIMENTAL_FORM.name}(optimizer, loss_scale).'),
 )
 
@@ -115,8 +115,7 @@ def check_new_wrapper(optimizer: Any, form: Form,
         'LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: '
         f'{optimizer}. It is already a loss scale optimizer: use it as it is, '
         f'or pass {form.name} a new optimizer.')
-  if not form.accepts(optimizer):
-    _raise_wrong_family(optimizer, form)
+  check_family(optimizer, form)
   holder = _live_holder(optimizer, wrappers)
   if holder is not None:
     raise ValueError(
@@ -125,6 +124,21 @@ def check_new_wrapper(optimizer: Any, form: Form,
         f'{_describe(holder)} holds {_describe(optimizer)}. Keep using that '
         f'wrapper, or create a new optimizer for this one.')
   check_step(f'{form.name}()', [loss_scale, optimizer])
+
+
+def check_family(optimizer: Any, form: Form) -> None:
+  """Refuses an optimizer of a family `form` does not wrap.
+
+  Args:
+    optimizer: The optimizer about to be wrapped.
+    form: The front end being constructed.
+
+  Raises:
+    TypeError: For a Keras form, naming the form that takes `optimizer`.
+    ValueError: For the v1 form (TensorFlow's type), naming the form too.
+  """
+  if not form.accepts(optimizer):
+    _raise_wrong_family(optimizer, form)
 
 
 def check_step(where: str, state: Sequence[Any]) -> None:

@@ -2,20 +2,35 @@
 
 Public API:
   LossScaleOptimizer: the Keras 3 form (`inner_optimizer, initial_scale,
-    dynamic_growth_steps`), for `model.fit` and custom loops.
+    dynamic_growth_steps`), for `model.fit` and custom loops. Needs Keras 3
+    (TensorFlow 2.16 or later); elsewhere importing it raises an ImportError
+    that names the experimental form.
   experimental.LossScaleOptimizer: the TF 2.0-2.3 form
-    (`optimizer, loss_scale`) with `get_scaled_loss`/`get_unscaled_gradients`.
+    (`optimizer, loss_scale`) with `get_scaled_loss`/`get_unscaled_gradients`,
+    around the optimizers of every Keras (Keras 3, and Keras 2 legacy and
+    new) on every TensorFlow 2.12-2.21.
 
-Both are imported on first use: `import tf_loss_scale.keras` loads neither
-Keras 3 nor `tf_keras`.
+Both are imported on first use: `import tf_loss_scale.keras` loads no Keras.
 """
+
+import importlib
+from typing import Any
 
 from tf_loss_scale import lazy as _lazy
 
-__getattr__, __dir__ = _lazy.attributes(__name__, {
+_lazy_getattr, __dir__ = _lazy.attributes(__name__, {
     'LossScaleOptimizer': (f'{__name__}.loss_scale_optimizer',
                            'LossScaleOptimizer'),
     'experimental': (f'{__name__}.experimental', None),
 }, globals())
+
+
+def __getattr__(name: str) -> Any:  # pylint: disable=invalid-name
+  if name == 'LossScaleOptimizer':
+    # Without Keras 3, say what works instead of failing inside the module.
+    importlib.import_module(f'{__name__}.families').require_keras3(
+        f'{__name__}.LossScaleOptimizer')
+  return _lazy_getattr(name)
+
 
 __all__ = ['LossScaleOptimizer', 'experimental']

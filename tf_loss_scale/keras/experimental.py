@@ -1,73 +1,107 @@
 """`LossScaleOptimizer(optimizer, loss_scale)`: the TF 2.0-2.3 Keras form.
 
 The class that `tf.keras.mixed_precision.experimental.LossScaleOptimizer`
-was, for code written for TF 2.0-2.3. Its path is picked by the type of the
-optimizer it wraps:
+was, for code written for TF 2.0-2.3, around the optimizers of every Keras
+that TensorFlow 2.12-2.21 ships. Constructing it builds the class for the
+inner optimizer's family (`families.family_of`), a subclass of this one and
+of that Keras's optimizer and loss scale optimizer base classes (so that its
+`compile` and `optimizers.get` accept it and wrap it no further):
 
-- a Keras 3 optimizer (`keras.optimizers.*`, what `tf.keras` is on TF 2.16
-  and later): this module's class;
-- a tf_keras optimizer, legacy (`tf_keras.optimizers.legacy.*`, what TF 2.3
-  wrapped) or not: `tf_keras_optimizer.LossScaleOptimizerV2`/`V3`, imported
-  only then.
+- a Keras 3 optimizer: `experimental_keras3.LossScaleOptimizer`;
+- a Keras 2 legacy optimizer (`optimizers.legacy.*`, OptimizerV2, what TF
+  2.3 wrapped): `experimental_keras2`'s `LossScaleOptimizerV2`;
+- a Keras 2 new optimizer: `experimental_keras2`'s `LossScaleOptimizerV3`.
 
-`isinstance(opt, LossScaleOptimizer)` holds on every path. The contract is
-TF 2.3's everywhere: `apply_gradients` takes unscaled gradients, `minimize`
-takes the loss, `get_scaled_loss`/`get_unscaled_gradients` are for custom
-loops, and nothing is remembered between calls.
+`isinstance` and `issubclass` hold for all three. This module imports no
+Keras; each family's module is imported when its first optimizer is wrapped.
+
+What is the same on every path is here: the loss scale argument, scaling the
+loss and unscaling gradients, `minimize`, TF 2.3's config (with the inner
+optimizer's family), the one step, and the forwarding rule:
+
+  The wrapper's state is the inner optimizer and the loss scale, nothing
+  else. The names in `forwarded_names(inner)` are read and written on the
+  inner optimizer: its hyperparameters (the keys of its `get_config()`,
+  except `name`), TF 2.3's `learning_rate`/`lr`, clipping and `iterations`,
+  and the Keras base-class methods that only the inner optimizer can answer
+  (each family lists them in `_INNER_METHODS`). Writing one that the inner
+  optimizer keeps in a variable with no setter assigns the variable. Any
+  other name the wrapper does not have is an `AttributeError`, as in TF 2.3.
 """
 
-import sys
-from typing import Any, List, Optional, Sequence
+import copy
+from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Optional,
+                    Sequence, Tuple, Union)
 
-import keras
 import tensorflow as tf
 
 from tf_loss_scale import checkpointing
+from tf_loss_scale import distribute
+from tf_loss_scale import execution
 from tf_loss_scale import gradients
+from tf_loss_scale import guards
+from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
-from tf_loss_scale.keras import tf23_surface
-from tf_loss_scale.keras import wrapping
+from tf_loss_scale import step
+from tf_loss_scale.keras import families
 
-LossScaleArgument = tf23_surface.LossScaleArgument
+LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
+                          Dict[str, Any]]
+
+# Config entries that describe the inner optimizer rather than tune it.
+_NOT_HYPERPARAMETERS = frozenset({'name', 'is_legacy_optimizer'})
+# TF 2.3's names for settings of the inner optimizer.
+_TF23_FORWARDED = frozenset({'learning_rate', 'lr', 'clipnorm', 'clipvalue',
+                             'global_clipnorm', 'iterations'})
+_ALIASES = {'lr': 'learning_rate'}
+# The config entry that says which family the inner optimizer is of.
+FAMILY_KEY = 'optimizer_family'
+_NAME = 'LossScaleOptimizer'
 
 
-class _PathByInnerOptimizer(type):
-  """Builds the class for the inner optimizer's type; `isinstance` spans all.
+def loss_scale_from(loss_scale: Any) -> loss_scale_lib.LossScale:
+  """Turns the constructor's `loss_scale` argument into a `LossScale`.
 
-  Only `LossScaleOptimizer` itself dispatches: a subclass is always itself.
+  Args:
+    loss_scale: `'dynamic'`, a positive number, a `LossScale`, or the output
+      of `tf_loss_scale.serialize`.
+
+  Returns:
+    The `LossScale` (the one given, if it is one).
+
+  Raises:
+    ValueError: If `loss_scale` is None or none of the above.
   """
-
-  def __call__(cls, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-    if cls is LossScaleOptimizer and _is_tf_keras_optimizer(optimizer):
-      # pylint: disable=g-import-not-at-top
-      from tf_loss_scale.keras import tf_keras_optimizer
-      return tf_keras_optimizer.wrap(optimizer, *args, **kwargs)
-    return super().__call__(optimizer, *args, **kwargs)
-
-  def __instancecheck__(cls, instance: Any) -> bool:
-    if cls is LossScaleOptimizer and isinstance(instance,
-                                                tf23_surface.TF23Surface):
-      return True
-    return super().__instancecheck__(instance)
+  if loss_scale is None:
+    raise ValueError(
+        "loss_scale cannot be None: pass 'dynamic', a number, a LossScale or "
+        'a serialized LossScale dict.')
+  if isinstance(loss_scale, dict):
+    return loss_scale_lib.deserialize(loss_scale)
+  return loss_scale_lib.get(loss_scale)
 
 
-def _is_tf_keras_optimizer(optimizer: Any) -> bool:
-  # No tf_keras optimizer can exist before tf_keras is imported, so it is
-  # never imported here.
-  tf_keras = sys.modules.get('tf_keras')
-  if tf_keras is None:
-    return False
-  return isinstance(optimizer, (tf_keras.optimizers.legacy.Optimizer,
-                                tf_keras.optimizers.Optimizer))
+def forwarded_names(inner_optimizer: Any,
+                    inner_methods: Iterable[str] = ()) -> FrozenSet[str]:
+  """The names a wrapper reads and writes on `inner_optimizer`.
+
+  Read once, when the wrapper is made, from the public `get_config()`.
+
+  Args:
+    inner_optimizer: Any Keras optimizer.
+    inner_methods: The Keras base-class methods that are the inner
+      optimizer's.
+
+  Returns:
+    Its hyperparameters, TF 2.3's forwarded names and `inner_methods`.
+  """
+  hyperparameters = frozenset(inner_optimizer.get_config()) - (
+      _NOT_HYPERPARAMETERS)
+  return hyperparameters | _TF23_FORWARDED | frozenset(inner_methods)
 
 
-@keras.saving.register_keras_serializable(
-    package='tf_loss_scale.experimental', name='LossScaleOptimizer')
-class LossScaleOptimizer(tf23_surface.TF23Surface,
-                         checkpointing.HidesForwardedSlots,
-                         wrapping.LossScaleOptimizerBase,
-                         metaclass=_PathByInnerOptimizer):
-  """Loss scaling with TF 2.3's API, around any Keras or tf_keras optimizer.
+class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
+  """Loss scaling with TF 2.3's API, around any Keras optimizer.
 
   Custom loop (as in TF 2.3):
 
@@ -79,195 +113,119 @@ class LossScaleOptimizer(tf23_surface.TF23Surface,
   opt.apply_gradients(zip(grads, variables))
   ```
 
-  `apply_gradients` (and `apply`) take unscaled gradients and apply them
-  only if every gradient on every replica is finite; a skipped step changes
-  no variable or slot, the loss scale updates either way, and `iterations`
-  counts every call (an inner optimizer that accumulates gradients is left
-  untouched by a skipped step instead). `minimize` takes the loss.
+  `apply_gradients` takes unscaled gradients and applies them only if every
+  gradient, summed across replicas, is finite; a skipped step changes no
+  variable or slot, the loss scale updates either way, and `iterations`
+  counts every call (a Keras 3 optimizer that accumulates gradients is left
+  untouched by a skipped step instead). `minimize` takes the loss. In a TF1
+  graph, `apply_gradients` and `minimize` return one op that runs the step,
+  on every replica.
 
-  Everything else is the inner optimizer's: `learning_rate`/`lr`,
-  `iterations`, clipping (of the unscaled gradients of finite steps only),
-  slots, weights, and its hyperparameters (the arguments in its
-  `get_config()`, read and written on it). The checkpoint is the inner
-  optimizer's plus a `loss_scale` dependency, so checkpoints move between
-  the wrapper and the bare inner optimizer in both directions.
+  Everything else is the inner optimizer's (see the module docstring):
+  `learning_rate`/`lr`, `iterations`, clipping (of the unscaled gradients of
+  finite steps only), slots, weights and hyperparameters. The checkpoint is
+  the inner optimizer's plus a `loss_scale` dependency, TF 2.3's layout, so
+  checkpoints move between the wrapper and the bare inner optimizer in both
+  directions.
 
-  With a Keras 3 inner optimizer, Keras 3's `model.fit` cannot be used: it
-  passes gradients of `scale_loss` to `apply_gradients`, which here takes
-  unscaled ones (see `scale_loss`). Use `tf_loss_scale.keras.
-  LossScaleOptimizer` there, or a tf_keras optimizer with tf_keras.
+  Keras 2's `compile` keeps the wrapper as it is and its `fit` calls
+  `minimize`, which scales the loss once. Keras 3's `fit` cannot be used
+  with a Keras 3 inner optimizer: it passes gradients of `scale_loss` to
+  `apply_gradients`, which here takes unscaled ones (`scale_loss` says what
+  to use instead).
   """
 
-  def __init__(self, optimizer: keras.optimizers.Optimizer,
-               loss_scale: LossScaleArgument):
+  # Each family's class sets these.
+  _keras = None  # The family's Keras API namespace.
+  _kind = None  # One of families.KINDS.
+  _INNER_METHODS: FrozenSet[str] = frozenset()
+
+  def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
+    del args, kwargs  # For __init__.
+    if cls is LossScaleOptimizer:
+      guards.check_family(optimizer, guards.EXPERIMENTAL_FORM)
+      cls = class_for(families.family_of(optimizer))
+    elif cls._kind is None:
+      raise TypeError(
+          f'{cls.__name__} subclasses LossScaleOptimizer, whose class is '
+          "picked by the inner optimizer's family: subclass the family's "
+          "class instead (type(LossScaleOptimizer(optimizer, 'dynamic'))).")
+    return super(LossScaleOptimizer, cls).__new__(cls)
+
+  def __init__(self, optimizer: Any, loss_scale: LossScaleArgument):
     """Wraps `optimizer`.
 
     Args:
-      optimizer: A Keras 3 optimizer, or a tf_keras optimizer (then the
-        object made is of a tf_keras class, still an instance of this one).
+      optimizer: A Keras optimizer: Keras 3, or Keras 2 new or legacy
+        (`tf.keras.optimizers.*` of any TensorFlow 2.12-2.21, or `tf_keras`).
       loss_scale: `'dynamic'` (a `DynamicLossScale` with its defaults), a
         number (a fixed scale), a `LossScale`, or the output of
         `tf_loss_scale.serialize`.
 
     Raises:
-      TypeError: If `optimizer` is not an optimizer of either family.
+      TypeError: If `optimizer` is not a Keras optimizer.
       ValueError: If `optimizer` is a loss scale optimizer or already
-        wrapped, or `loss_scale` is None or not one of the above.
+        wrapped, `loss_scale` is None or not one of the above, or under an
+        unsupported strategy.
     """
-    super().__init__(optimizer, tf23_surface.loss_scale_from(loss_scale))
+    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, loss_scale)
+    self._check_inner_optimizer(optimizer)
+    scale = loss_scale_from(loss_scale)
+    # The wrapper's only state; set past Keras's attribute tracking, which
+    # is for state Keras saves (the checkpoint is the inner optimizer's).
+    object.__setattr__(self, '_inner_optimizer', optimizer)
+    object.__setattr__(self, '_loss_scale', scale)
+    object.__setattr__(self, '_forwarded_names',
+                       forwarded_names(optimizer, self._INNER_METHODS))
     precision.warn_if_scaling_is_not_needed(
-        keras.mixed_precision.global_policy().compute_dtype,
-        'LossScaleOptimizer')
-    names = tf23_surface.hyperparameter_names(optimizer)
-    # Keras's base __init__ gave the wrapper its own unused copies of some
-    # hyperparameters (weight_decay, use_ema, ...); drop them so that every
-    # hyperparameter is read and written on the inner optimizer.
-    for name in names & set(self.__dict__):
-      del self.__dict__[name]
-    self._hyperparameter_names = names
+        self._keras.mixed_precision.global_policy().compute_dtype, _NAME)
+
+  @classmethod
+  def _check_inner_optimizer(cls, optimizer: Any) -> None:
+    """Refuses what this family cannot wrap, beyond `guards`' policy."""
+    del optimizer  # Every optimizer `guards` accepts.
+
+  # ---- the forwarding rule (module docstring) ------------------------------
+
+  def __getattribute__(self, name: str) -> Any:
+    own = object.__getattribute__(self, '__dict__')
+    if name in own.get('_forwarded_names', ()):
+      return getattr(own['_inner_optimizer'], _ALIASES.get(name, name))
+    return object.__getattribute__(self, name)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    if name not in self.__dict__.get('_forwarded_names', ()):
+      object.__setattr__(self, name, value)
+      return
+    inner, name = self.inner_optimizer, _ALIASES.get(name, name)
+    try:
+      setattr(inner, name, value)
+    except AttributeError:
+      current = getattr(inner, name, None)
+      if not hasattr(current, 'assign'):
+        raise
+      current.assign(value)
+
+  def __getattr__(self, name: str) -> Any:
+    # Reached only when normal lookup fails: TF 2.3's message.
+    raise AttributeError(f'{_NAME!r} object has no attribute {name!r}')
+
+  # ---- what the wrapper is ------------------------------------------------
 
   @property
-  def iterations(self) -> Any:
-    """The inner optimizer's step counter; skipped steps count too."""
-    return self.inner_optimizer.iterations
+  def inner_optimizer(self) -> Any:
+    """The optimizer that applies the gradients."""
+    return self._inner_optimizer
 
-  @iterations.setter
-  def iterations(self, value: Any) -> None:
-    self.inner_optimizer.iterations.assign(value)
+  @property
+  def loss_scale(self) -> loss_scale_lib.LossScale:
+    """The `LossScale` this optimizer drives (call it for the value)."""
+    return self._loss_scale
 
-  def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
-    """Refused: Keras 3's protocol conflicts with TF 2.3's `apply_gradients`.
-
-    Keras 3's `model.fit` (and Keras 3 custom loops) call `scale_loss` and
-    then pass the gradients of the scaled loss to `apply_gradients`; this
-    class's `apply_gradients` takes unscaled gradients, as in TF 2.3, and
-    cannot tell the two apart. Refusing here, where the mix starts, is what
-    keeps both from silently taking a step `loss_scale` times too large.
-
-    Raises:
-      RuntimeError: Always, saying what to use instead.
-    """
-    raise RuntimeError(
-        'The experimental (TF 2.3) LossScaleOptimizer has no scale_loss(): '
-        'its apply_gradients() takes unscaled gradients. In a custom loop, '
-        'use get_scaled_loss() and get_unscaled_gradients() (or minimize()). '
-        'For Keras 3 model.fit, use tf_loss_scale.keras.LossScaleOptimizer('
-        'inner_optimizer, initial_scale, dynamic_growth_steps) instead, or a '
-        'tf_keras optimizer with tf_keras (TF_USE_LEGACY_KERAS=1).')
-
-  def _on_skipped_step(self) -> None:
-    # TF 2.3 counts a skipped step in `iterations`. An accumulating optimizer
-    # has no such counter of its own (Keras derives `iterations` from its
-    # micro-step count), and counting a skipped micro-step there would end
-    # its accumulation window early with a gradient missing: it is left
-    # untouched, so its window is always its number of finite micro-steps.
-    if not self.inner_optimizer.gradient_accumulation_steps:
-      self.inner_optimizer.iterations.assign_add(1)
-
-  def apply_gradients(self, grads_and_vars: Any, name: Optional[str] = None,
-                      experimental_aggregate_gradients: bool = True) -> Any:
-    """Applies unscaled gradients if they are all finite on every replica.
-
-    Call it in a replica context (inside `strategy.run`, or with no strategy).
-
-    Args:
-      grads_and_vars: `(gradient, variable)` pairs; gradients already
-        unscaled by `get_unscaled_gradients`.
-      name: Optional name scope for the ops.
-      experimental_aggregate_gradients: Must be True: Keras 3 optimizers
-        always sum the gradients across replicas.
-
-    Returns:
-      The `iterations` variable.
-
-    Raises:
-      ValueError: If `experimental_aggregate_gradients` is False, or in a
-        cross-replica context.
-    """
-    if not experimental_aggregate_gradients:
-      raise ValueError(
-          'experimental_aggregate_gradients=False is not supported: Keras 3 '
-          'optimizers always sum gradients across replicas. Pass the '
-          'per-replica gradients instead.')
-    with tf.name_scope(name or self.name):
-      return super().apply_gradients(grads_and_vars)
-
-  def stateless_apply(self, optimizer_variables: Sequence[Any],
-                      grads: Sequence[Any],
-                      trainable_variables: Sequence[Any]) -> Any:
-    """Not offered: TF 2.3's optimizer had no stateless form.
-
-    Raises:
-      NotImplementedError: Always; `tf_loss_scale.keras.LossScaleOptimizer`
-        has `stateless_apply`.
-    """
-    raise NotImplementedError(
-        'The experimental LossScaleOptimizer has no stateless_apply(); use '
-        'tf_loss_scale.keras.LossScaleOptimizer.')
-
-  # ---- slots and weights (the inner optimizer's) --------------------------
-
-  def add_slot(self, var: Any, slot_name: str,
-               initializer: Any = 'zeros') -> Any:
-    """Creates a variable of the inner optimizer shaped like `var`.
-
-    Args:
-      var: The model variable the slot belongs to.
-      slot_name: The slot's name.
-      initializer: A Keras initializer or its name.
-
-    Returns:
-      The new slot variable.
-    """
-    return self.inner_optimizer.add_variable_from_reference(
-        var, name=slot_name, initializer=initializer)
-
-  def get_slot(self, var: Any, slot_name: str) -> Any:
-    """Returns the inner optimizer's slot `slot_name` for `var`.
-
-    Found by `var`'s identity: Keras names a slot after its variable, and
-    two variables may share a name (two unnamed `tf.Variable`s do), so among
-    slots of the same name the one created for `var`'s position is taken.
-
-    Args:
-      var: A model variable the optimizer was built with.
-      slot_name: One of `get_slot_names()`.
-
-    Returns:
-      The slot variable.
-
-    Raises:
-      KeyError: If `var` is not one of the optimizer's variables or has no
-        slot of that name.
-    """
-    trainable = list(getattr(self, '_trainable_variables', []))
-    position = next((i for i, v in enumerate(trainable) if v is var), None)
-    if position is None:
-      raise KeyError(
-          f'{_describe(var)} is not a variable this optimizer was built '
-          'with; call build(variables) or apply the gradients first.')
-    prefix = _slot_prefix(var)
-    # Variables before `var` with the same name own the earlier slots of
-    # that name: Keras creates slots in the order of the variables.
-    rank = sum(1 for v in trainable[:position] if _slot_prefix(v) == prefix)
-    same_name = [v for v in self.inner_optimizer.variables
-                 if v.name == f'{prefix}_{slot_name}']
-    if rank >= len(same_name):
-      raise KeyError(
-          f'No slot {slot_name!r} for {_describe(var)}; slots: '
-          f'{self.get_slot_names()}.')
-    return same_name[rank]
-
-  def get_slot_names(self) -> List[str]:
-    """Returns the sorted names of the inner optimizer's slots."""
-    prefixes = {_slot_prefix(v) + '_'
-                for v in getattr(self, '_trainable_variables', [])}
-    return sorted({
-        variable.name[len(prefix):]
-        for variable in self.inner_optimizer.variables
-        for prefix in prefixes
-        if variable.name.startswith(prefix)
-    })
+  @property
+  def name(self) -> str:
+    """The wrapper's name, as TF 2.3's was."""
+    return _NAME
 
   @property
   def weights(self) -> List[Any]:
@@ -282,30 +240,209 @@ class LossScaleOptimizer(tf23_surface.TF23Surface,
     """Sets the inner optimizer's variables from `get_weights()` values."""
     self.inner_optimizer.set_weights(weights)
 
+  # ---- scaling ----------------------------------------------------------
+
+  def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    """Multiplies a loss by the current loss scale.
+
+    Call it inside the `tf.GradientTape`, then differentiate the result and
+    pass the gradients through `get_unscaled_gradients`.
+
+    Args:
+      loss: A loss tensor (any float dtype: the scale is cast to it), or a
+        zero-argument callable returning one.
+
+    Returns:
+      The scaled loss, or for a callable a callable returning it.
+    """
+    return gradients.scale_loss(loss, self._loss_scale())
+
+  def get_unscaled_gradients(self, grads: Iterable[Any]) -> List[Any]:
+    """Divides gradients of a scaled loss by the current loss scale.
+
+    Args:
+      grads: A list of gradients; `None` entries and `tf.IndexedSlices`
+        are kept as they are (slices rescaled, still sparse).
+
+    Returns:
+      A new list of the same length, each gradient in its own dtype.
+    """
+    return list(gradients.unscale(list(grads), self._loss_scale()))
+
+  def _unscaled_gradients_of(self, loss: Any, var_list: Any,
+                             tape: Optional[tf.GradientTape],
+                             grad_loss: Optional[tf.Tensor] = None
+                            ) -> Tuple[List[Any], List[Any]]:
+    """Scales `loss`, differentiates it and unscales the gradients.
+
+    Raises:
+      ValueError: If `loss` is a tensor and no `tape` is given.
+    """
+    if not callable(loss) and tape is None:
+      raise ValueError(
+          'minimize() needs tape= when loss is a tensor; or pass the loss as '
+          'a zero-argument callable.')
+    tape = tape if tape is not None else tf.GradientTape()
+    with tape:
+      if callable(loss):
+        if not callable(var_list):
+          # Keras 3 variables cannot be watched, and need not be: reads of a
+          # trainable variable are recorded anyway.
+          tape.watch([v for v in tf.nest.flatten(var_list)
+                      if isinstance(v, tf.Variable)])
+        loss = loss()
+      scaled_loss = self.get_scaled_loss(loss)
+    if callable(var_list):
+      var_list = var_list()
+    var_list = tf.nest.flatten(var_list)
+    grads = tape.gradient(scaled_loss, var_list, grad_loss)
+    return self.get_unscaled_gradients(grads), var_list
+
+  def minimize(self, loss: gradients.Loss, var_list: Any,
+               grad_loss: Optional[tf.Tensor] = None,
+               name: Optional[str] = None,
+               tape: Optional[tf.GradientTape] = None) -> Any:
+    """Scales `loss`, differentiates, unscales and applies, in one call.
+
+    TF 2.3's signature (Keras 2's `fit` passes `tape=`); `apply_gradients`
+    takes it from there.
+
+    Args:
+      loss: A zero-argument callable returning the loss, or a loss tensor
+        recorded by `tape`.
+      var_list: The variables to train, or a callable returning them.
+      grad_loss: Optional gradient of the loss.
+      name: Passed to `apply_gradients`.
+      tape: The tape that recorded `loss` (required for a tensor loss).
+
+    Returns:
+      What `apply_gradients` returns.
+
+    Raises:
+      ValueError: If `loss` is a tensor and no `tape` is given.
+    """
+    grads, var_list = self._unscaled_gradients_of(loss, var_list, tape,
+                                                  grad_loss)
+    return self.apply_gradients(zip(grads, var_list), name=name)
+
+  # ---- the step -----------------------------------------------------------
+
+  def _apply_step(self, grads: Sequence[Any],
+                  apply_inner: Callable[[List[Any]], Any],
+                  inner_sums: bool) -> Optional[tf.Operation]:
+    """Runs the step on unscaled gradients (`step.apply_step`).
+
+    Call it in a replica context (inside `strategy.run`) or with no strategy.
+
+    Args:
+      grads: One unscaled gradient per variable.
+      apply_inner: Applies a list of gradients like `grads` with the inner
+        optimizer, in a replica context.
+      inner_sums: Whether `apply_inner` sums the gradients across replicas
+        itself; otherwise the step sums them once, decides on the sums and
+        hands them to `apply_inner`, which must not sum them again.
+
+    Returns:
+      In a TF1 graph, one op that runs the step, the same on every replica;
+      None otherwise.
+
+    Raises:
+      ValueError: In a cross-replica context or under an unsupported
+        strategy.
+    """
+    where = f'{_NAME}.apply_gradients()'
+    guards.check_step(where, [self._loss_scale, self.inner_optimizer])
+    distribute.require_replica_context(where)
+    outcome = step.apply_step(
+        grads, step.LossScaleState(self._loss_scale), apply_inner,
+        reduces=inner_sums, on_skip=lambda _: self._on_skipped_step())
+    # Eagerly the step has run; in a tf.function its ops run in program
+    # order. In a TF1 graph, the one op every replica returns, which a
+    # Session can run (TF 2.3's one-op contract).
+    return outcome.op if execution.in_tf1_graph() else None
+
+  def _on_skipped_step(self) -> Any:
+    """Runs once, in the cross-replica context, when a step is skipped."""
+    # TF 2.3: `iterations` counts every step, applied or skipped.
+    return self.inner_optimizer.iterations.assign_add(1)
+
   # ---- config -------------------------------------------------------------
 
-  def _trackable_children(self, save_type='checkpoint', **kwargs):
-    # TF 2.3's checkpoint format: the inner optimizer's dependencies plus
-    # `loss_scale`, so that a checkpoint of the wrapper restores into the
-    # bare inner optimizer and back. The wrapper's own unused Keras state
-    # (its iterations and learning rate) is left out.
-    children = dict(self.inner_optimizer._trackable_children(  # pylint: disable=protected-access
-        save_type, **kwargs))
-    children['loss_scale'] = self.loss_scale
-    return children
+  def get_config(self) -> Dict[str, Any]:
+    """TF 2.3's `{'optimizer': ..., 'loss_scale': ...}`, and the family.
 
-  # Keras 3's (de)serialization of the inner optimizer, for TF23Surface's
-  # get_config/from_config.
-  _serialize_inner = staticmethod(keras.optimizers.serialize)
-  _deserialize_inner = staticmethod(keras.optimizers.deserialize)
+    Returns:
+      The inner optimizer serialized by its Keras, the loss scale with every
+      option (`tf_loss_scale.serialize`), and under `'optimizer_family'` the
+      inner optimizer's family (`'keras3'`, `'keras2_legacy'` or
+      `'keras2'`).
+    """
+    return {
+        'optimizer': self._keras.optimizers.serialize(self.inner_optimizer),
+        'loss_scale': loss_scale_lib.serialize(self._loss_scale),
+        FAMILY_KEY: self._kind,
+    }
+
+  @classmethod
+  def from_config(cls, config: Dict[str, Any],
+                  custom_objects: Optional[Dict[str, Any]] = None) -> Any:
+    """Recreates the optimizer (without its state) from `get_config()`.
+
+    The inner optimizer is rebuilt in the family the config names. A config
+    without one (TF 2.3's) is of the Keras that `tf.keras` is; there a
+    Keras 2 inner optimizer is legacy unless its config says otherwise.
+
+    Args:
+      config: The output of `get_config()`, or TF 2.3's `{'optimizer':
+        <serialized optimizer>, 'loss_scale': <serialized LossScale>}`.
+      custom_objects: Names to classes, for a custom inner optimizer.
+
+    Returns:
+      A new wrapper, not yet built.
+
+    Raises:
+      ImportError: If the family's Keras is not installed.
+      ValueError: If the config names an unknown family.
+    """
+    kind = config.get(FAMILY_KEY) or families.default_kind()
+    if cls._kind is not None and families.is_keras3(cls._keras) == (
+        kind == families.KERAS3):
+      keras = cls._keras
+    else:
+      keras = families.namespace_for(kind)
+    options = {}
+    if kind == families.KERAS2_LEGACY:
+      options['use_legacy_optimizer'] = True
+    # Deserializing edits the dict it is given; the caller's must stay as
+    # it was.
+    inner = keras.optimizers.deserialize(copy.deepcopy(config['optimizer']),
+                                         custom_objects=custom_objects,
+                                         **options)
+    return LossScaleOptimizer(inner, config['loss_scale'])
 
 
-def _describe(var: Any) -> str:
-  return f'variable {getattr(var, "name", var)!r} of shape {tuple(var.shape)}'
+def class_for(family: families.Family) -> type:
+  """The wrapper class for an inner optimizer of `family`."""
+  # pylint: disable=g-import-not-at-top
+  if family.kind == families.KERAS3:
+    from tf_loss_scale.keras import experimental_keras3
+    return experimental_keras3.LossScaleOptimizer
+  from tf_loss_scale.keras import experimental_keras2
+  legacy, new = experimental_keras2.classes_for(family.keras)
+  return legacy if family.kind == families.KERAS2_LEGACY else new
 
 
-def _slot_prefix(var: Any) -> str:
-  # The prefix Keras 3 gives variables created from a reference variable.
-  if hasattr(var, 'path'):
-    return var.path.replace('/', '_')
-  return str(var.name).replace('/', '_').replace(':', '_')
+def _register_for_loaded_keras2() -> None:
+  # Keras 2 restores an optimizer from an HDF5 file or a SavedModel by its
+  # registered name: importing this module is what makes the Keras 2 classes
+  # known to the Keras 2 packages already imported (tf.keras on TensorFlow
+  # <= 2.15), before any optimizer is wrapped in this process.
+  keras2 = [keras for keras in families.loaded_namespaces()
+            if families.is_keras2(keras)]
+  if keras2:
+    from tf_loss_scale.keras import experimental_keras2  # pylint: disable=g-import-not-at-top
+    for keras in keras2:
+      experimental_keras2.classes_for(keras)
+
+
+_register_for_loaded_keras2()

@@ -1,0 +1,283 @@
+"""The TF 2.0-2.3 `LossScaleOptimizer` around Keras 2 optimizers.
+
+Keras 2 is the `keras` 2.x that `tf.keras` is on TensorFlow <= 2.15, and
+`tf_keras` on TensorFlow 2.16 and later (`families` tells them apart by what
+they offer). Imported when `experimental.LossScaleOptimizer` is given a
+Keras 2 optimizer, so neither package is a dependency. Two classes per
+Keras 2, made by `classes_for` from that Keras's base classes:
+
+- `LossScaleOptimizerV2` wraps the legacy optimizers (`optimizers.legacy.*`,
+  OptimizerV2, what TF 2.3 wrapped) and offers TF 2.3's whole surface,
+  `get_gradients` and `get_updates` (Keras 2's graph training) included.
+- `LossScaleOptimizerV3` wraps the new optimizers (`optimizers.*`).
+
+Both subclass the Keras's optimizer base class (its `compile` and
+`optimizers.get` accept only those) and its `mixed_precision.
+LossScaleOptimizer` (its `compile` under a `mixed_float16` policy wraps
+every optimizer that is not one); none of their code runs on the wrapper.
+Every public member of those classes is defined here or in `experimental`,
+or forwarded to the inner optimizer (the rule in `experimental`).
+
+Checkpoints follow TF 2.3 (`checkpointing.DelegatesCheckpointToInner`), so
+they also move to and from Keras 2's own `LossScaleOptimizer` around legacy
+optimizers, which kept TF 2.3's layout.
+"""
+
+import types
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tf_loss_scale import checkpointing
+from tf_loss_scale import loss_scale as loss_scale_lib
+from tf_loss_scale.keras import experimental
+from tf_loss_scale.keras import families
+from tf_loss_scale.keras import slots
+
+_PACKAGE = 'tf_loss_scale.experimental'
+# One (legacy, new) pair of classes per Keras 2 optimizer base class.
+_CLASSES: Dict[type, Tuple[type, type]] = {}
+
+
+def classes_for(keras: types.ModuleType) -> Tuple[type, type]:
+  """The wrapper classes for the optimizers of a Keras 2.
+
+  Args:
+    keras: A Keras 2 API namespace (`tf.keras` on TensorFlow <= 2.15, or
+      `tf_keras`).
+
+  Returns:
+    `(LossScaleOptimizerV2, LossScaleOptimizerV3)` of that Keras, made and
+    registered for its serialization once per process.
+  """
+  key = keras.optimizers.legacy.Optimizer
+  if key not in _CLASSES:
+    lso = keras.mixed_precision.LossScaleOptimizer
+    legacy = _subclass('LossScaleOptimizerV2', _Legacy,
+                       (keras.optimizers.legacy.Optimizer, lso), keras)
+    new = _subclass('LossScaleOptimizerV3', _New,
+                    (keras.optimizers.Optimizer, lso), keras)
+    _CLASSES[key] = (legacy, new)
+  return _CLASSES[key]
+
+
+def _subclass(name: str, family: type, keras_bases: Tuple[type, ...],
+              keras: types.ModuleType) -> type:
+  cls = types.new_class(name, (family,) + keras_bases, exec_body=lambda ns: (
+      ns.update(__module__=__name__, __qualname__=name, _keras=keras,
+                __doc__=family.__doc__)))
+  return keras.utils.register_keras_serializable(package=_PACKAGE,
+                                                 name=name)(cls)
+
+
+class _Keras2(experimental.LossScaleOptimizer):
+  """What Keras 2's `mixed_precision.LossScaleOptimizer` offers, from ours."""
+
+  @property
+  def dynamic(self) -> bool:
+    """Whether the loss scale is a `DynamicLossScale`."""
+    return isinstance(self.loss_scale, loss_scale_lib.DynamicLossScale)
+
+  @property
+  def initial_scale(self) -> Optional[float]:
+    """The loss scale's first (dynamic) or only (fixed) value.
+
+    None for a user's own `LossScale`, which has neither.
+    """
+    if self.dynamic:
+      return self.loss_scale.initial_loss_scale
+    if isinstance(self.loss_scale, loss_scale_lib.FixedLossScale):
+      return self.loss_scale.loss_scale_value
+    return None
+
+  @property
+  def dynamic_growth_steps(self) -> Optional[int]:
+    """Finite steps after which a dynamic scale grows; None if fixed."""
+    return self.loss_scale.increment_period if self.dynamic else None
+
+  @property
+  def dynamic_counter(self) -> Optional[tf.Variable]:
+    """Finite steps since a dynamic scale last changed; None if fixed."""
+    return self.loss_scale.good_steps if self.dynamic else None
+
+
+class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
+  """Loss scaling around a Keras 2 legacy optimizer (TF 2.3's contract).
+
+  `apply_gradients` takes unscaled gradients; `minimize` and
+  `get_gradients` take a loss and scale it themselves; a step with a
+  non-finite gradient sum is skipped (no variable or slot changes), the loss
+  scale updates either way and `iterations` counts every step.
+  """
+
+  _kind = families.KERAS2_LEGACY
+  _INNER_METHODS = frozenset({'add_weight'})
+
+  def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
+                      name: Optional[str] = None,
+                      experimental_aggregate_gradients: bool = True) -> Any:
+    """Applies unscaled gradients if their sums are all finite.
+
+    Args:
+      grads_and_vars: `(gradient, variable)` pairs, gradients already
+        unscaled (see `get_unscaled_gradients`).
+      name: Passed to the inner optimizer.
+      experimental_aggregate_gradients: Whether to sum the gradients across
+        replicas (once; the verdict is taken on the sums).
+
+    Returns:
+      In a TF1 graph, the op that runs the step; None otherwise.
+    """
+    pairs = list(grads_and_vars)
+    variables = [v for _, v in pairs]
+    return self._apply_step(
+        [g for g, _ in pairs],
+        lambda grads: self.inner_optimizer.apply_gradients(
+            list(zip(grads, variables)), name=name,
+            experimental_aggregate_gradients=False),
+        inner_sums=not experimental_aggregate_gradients)
+
+  def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
+    """Gradients of `loss`, computed on the scaled loss and unscaled (graphs).
+
+    Args:
+      loss: A loss tensor in a graph.
+      params: The variables.
+
+    Returns:
+      The unscaled gradients.
+    """
+    scaled = self.inner_optimizer.get_gradients(self.get_scaled_loss(loss),
+                                                params)
+    return self.get_unscaled_gradients(scaled)
+
+  def get_updates(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
+    """The update ops of one step on `loss` (Keras 2 graph training).
+
+    Args:
+      loss: A loss tensor in a graph.
+      params: The variables.
+
+    Returns:
+      A one-element list: the op that runs the step.
+    """
+    params = list(params)
+    return [self.apply_gradients(zip(self.get_gradients(loss, params),
+                                     params))]
+
+  def get_slot(self, var: Any, slot_name: str) -> tf.Variable:
+    """The inner optimizer's slot `slot_name` of `var`."""
+    return self.inner_optimizer.get_slot(var, slot_name)
+
+  def add_slot(self, var: Any, slot_name: str, initializer: Any = 'zeros',
+               shape: Any = None) -> tf.Variable:
+    """Adds a slot to the inner optimizer."""
+    return self.inner_optimizer.add_slot(var, slot_name, initializer, shape)
+
+  def get_slot_names(self) -> List[str]:
+    """The inner optimizer's slot names."""
+    return self.inner_optimizer.get_slot_names()
+
+  def variables(self) -> List[tf.Variable]:
+    """The inner optimizer's variables (iterations, hyperparameters, slots)."""
+    return self.inner_optimizer.variables()
+
+  @property
+  def weights(self) -> List[tf.Variable]:
+    """The inner optimizer's weights."""
+    return self.inner_optimizer.weights
+
+  def get_weights(self) -> List[Any]:
+    """The values of the inner optimizer's weights."""
+    return self.inner_optimizer.get_weights()
+
+  def set_weights(self, weights: Sequence[Any]) -> None:
+    """Sets the inner optimizer's weights from `get_weights()` values."""
+    self.inner_optimizer.set_weights(weights)
+
+
+class _New(slots.SlotsByVariable, checkpointing.HidesForwardedSlots, _Keras2):
+  """Loss scaling around a Keras 2 new optimizer.
+
+  The same contract as the legacy class, with the methods these optimizers
+  have (`compute_gradients`, `build`; no `get_gradients`). Slots are found
+  by variable, as `slots` records them when the wrapper builds the inner
+  optimizer.
+  """
+
+  _kind = families.KERAS2
+  # Keras 2's tools for optimizer implementations: the inner optimizer's.
+  _INNER_METHODS = frozenset({
+      'add_variable', 'add_variable_from_reference', 'aggregate_gradients',
+      'exclude_from_weight_decay', 'update_step', 'finalize_variable_values'})
+
+  def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
+                      name: Optional[str] = None,
+                      skip_gradients_aggregation: bool = False,
+                      **kwargs: Any) -> Any:
+    """Applies unscaled gradients if their sums are all finite.
+
+    Args:
+      grads_and_vars: `(gradient, variable)` pairs, gradients already
+        unscaled (see `get_unscaled_gradients`).
+      name: Passed to the inner optimizer.
+      skip_gradients_aggregation: Whether the gradients are already summed
+        across replicas (otherwise they are summed once and the verdict is
+        taken on the sums).
+      **kwargs: Passed to the inner optimizer.
+
+    Returns:
+      In a TF1 graph, the op that runs the step; None otherwise.
+    """
+    pairs = list(grads_and_vars)
+    variables = [v for _, v in pairs]
+    with tf.init_scope():
+      # Where the inner optimizer would build itself, for the variables it
+      # would build for (those with a gradient).
+      self.build([v for g, v in pairs if g is not None])
+    return self._apply_step(
+        [g for g, _ in pairs],
+        lambda grads: self.inner_optimizer.apply_gradients(
+            list(zip(grads, variables)), name=name,
+            skip_gradients_aggregation=True, **kwargs),
+        inner_sums=skip_gradients_aggregation)
+
+  def compute_gradients(self, loss: Any, var_list: Any,
+                        tape: Optional[tf.GradientTape] = None
+                       ) -> List[Tuple[Any, Any]]:
+    """`(gradient, variable)` pairs of `loss`, scaled then unscaled.
+
+    Args:
+      loss: A zero-argument callable, or a tensor recorded by `tape`.
+      var_list: The variables, or a callable returning them.
+      tape: The tape that recorded `loss` (required for a tensor loss).
+
+    Returns:
+      The unscaled gradients paired with their variables.
+    """
+    grads, var_list = self._unscaled_gradients_of(loss, var_list, tape)
+    return list(zip(grads, var_list))
+
+  def build(self, var_list: Sequence[Any]) -> None:
+    """Creates the inner optimizer's variables for `var_list`."""
+    self._build_inner(var_list)
+
+  @property
+  def variables(self) -> List[tf.Variable]:
+    """The inner optimizer's variables."""
+    return self.inner_optimizer.variables
+
+  def save_own_variables(self, store: Any) -> None:
+    """Saves the inner optimizer's variables into `store` (`.keras` files)."""
+    self.inner_optimizer.save_own_variables(store)
+
+  def load_own_variables(self, store: Any) -> None:
+    """Restores the inner optimizer's variables from `store`."""
+    self.inner_optimizer.load_own_variables(store)
+
+  def _new_slot(self, var: Any, slot_name: str,
+                initializer: Any) -> tf.Variable:
+    initial_value = self._keras.initializers.get(initializer)(
+        shape=var.shape, dtype=var.dtype)
+    return self.inner_optimizer.add_variable_from_reference(
+        var, slot_name, initial_value=initial_value)
