@@ -17,8 +17,8 @@ have without reading the gradients. Every row also counts the ops each
 wrapper adds to the traced step (over the bare step's; ops in called
 functions, such as the branches of a conditional, included) and checks that
 ours ends with the same variable values as the reference. Rows under a
-strategy also count the cross-replica reductions per step of each variant
-(benchmarks/collectives.py). Results go to benchmarks/results.json (or
+strategy also count the cross-replica reductions per step of each variant,
+and among them the collective ops (benchmarks/collectives.py). Results go to benchmarks/results.json (or
 --json PATH).
 
 Targets (ratio = ours' added overhead / the reference's): at most 0.75
@@ -170,6 +170,11 @@ def _measure_row(mode, shape, args):
       'reductions_per_step': None if strategy is None else {
           n: collectives.per_replica_step(runners[n].step, strategy)
           for n in names},
+      # Of those, the collective ops (the rest are sums across devices).
+      'collectives_per_step': None if strategy is None else {
+          n: collectives.per_replica_step(runners[n].step, strategy,
+                                          sums=False)
+          for n in names},
   }
   if shape == 'cnn':
     row['target'] = f'ours <= +{CNN_MAX_OVERHEAD:.0%}'
@@ -196,7 +201,8 @@ def _format_table(rows):
   header = (f"{'mode':9} {'shape':7} {'bare ms':>8} {'ours ms':>8} "
             f"{'ref ms':>8} {'ours +%':>8} {'ref +%':>8} {'ratio':>6} {'floor':>6}  "
             f"{'reference':9} {'target':18} {'met':4} {'same':4} "
-            f"{'ops +o/+r':>11} {'RSS MB bare/ours/ref':>22} {'reduce b/o/r':>12}")
+            f"{'ops +o/+r':>11} {'RSS MB bare/ours/ref':>22} {'reduce b/o/r':>12} "
+            f"{'coll b/o/r':>10}")
   lines = [header, '-' * len(header)]
   for r in rows:
     bare, ours, ref = variants.FAMILIES[r['family']]
@@ -208,6 +214,8 @@ def _format_table(rows):
     rss = '/'.join(f'{rss[n]:.0f}' for n in (bare, ours, ref)) if rss else '-'
     red = r.get('reductions_per_step')
     red = '/'.join(f'{red[n]:g}' for n in (bare, ours, ref)) if red else '-'
+    coll = r.get('collectives_per_step')
+    coll = '/'.join(f'{coll[n]:g}' for n in (bare, ours, ref)) if coll else '-'
     added = r['ops_added']
     ops = f'{added[ours]:+d}/{added[ref]:+d}'
     lines.append(
@@ -215,7 +223,7 @@ def _format_table(rows):
         f"{ms[ref]:8.3f} {100 * r['overhead'][ours]:+7.1f}% "
         f"{100 * r['overhead'][ref]:+7.1f}% {ratio:>6} {floor:>6}  {ref:9} "
         f"{r['target']:18} {met:4} {'yes' if r['identical_to_reference'] else 'NO':4} "
-        f"{ops:>11} {rss:>22} {red:>12}")
+        f"{ops:>11} {rss:>22} {red:>12} {coll:>10}")
   return '\n'.join(lines)
 
 
