@@ -1,4 +1,13 @@
-"""Tests of `python -m tf_loss_scale inspect` on checkpoints of every kind."""
+"""Tests of `python -m tf_loss_scale inspect` on checkpoints of every kind.
+
+Keras files and checkpoints come from the Keras families the installed
+TensorFlow has: Keras 3 (2.16 and later) and Keras 2 (the `keras` 2.x of
+2.15 and earlier, or `tf_keras`).
+"""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import keras
@@ -8,9 +17,11 @@ import tensorflow as tf
 import tf_loss_scale
 from tf_loss_scale import __main__ as cli
 from tf_loss_scale import inspect_checkpoint
-from tf_loss_scale.keras import LossScaleOptimizer
+import fresh_process
+import versions
 
 INF = float('inf')
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_LAYOUT = inspect_checkpoint.LAYOUTS[('current_loss_scale', 'good_steps')]
 KERAS_LAYOUT = inspect_checkpoint.LAYOUTS[('dynamic_scale', 'step_counter')]
 
@@ -91,12 +102,20 @@ def _fit_three_finite_steps(optimizer):
   return model
 
 
-@pytest.mark.parametrize('make_optimizer, layout', [
-    (keras.optimizers.LossScaleOptimizer, KERAS_LAYOUT),
-    (LossScaleOptimizer, KERAS_LAYOUT),  # the Keras 3 form stores as Keras does
-], ids=['keras', 'tf_loss_scale'])
-def test_keras_file(capsys, tmp_path, make_optimizer, layout):
-  model = _fit_three_finite_steps(make_optimizer(
+def _keras_3_class(owner):
+  if owner == 'keras':
+    return keras.optimizers.LossScaleOptimizer
+  from tf_loss_scale.keras import LossScaleOptimizer  # pylint: disable=g-import-not-at-top
+  return LossScaleOptimizer
+
+
+@versions.KERAS_3.mark
+@pytest.mark.parametrize('owner, layout', [
+    ('keras', KERAS_LAYOUT),
+    ('tf_loss_scale', KERAS_LAYOUT),  # the Keras 3 form stores as Keras does
+])
+def test_keras_file(capsys, tmp_path, owner, layout):
+  model = _fit_three_finite_steps(_keras_3_class(owner)(
       keras.optimizers.SGD(0.01, momentum=0.9), initial_scale=256.0,
       dynamic_growth_steps=5, name='scaled'))
   path = tmp_path / 'model.keras'
@@ -107,6 +126,21 @@ def test_keras_file(capsys, tmp_path, make_optimizer, layout):
   _check_printed(out, 'scaled', 256, 3, layout)
 
 
+@versions.KERAS_3.mark
+def test_keras_file_of_the_keras_3_form_from_a_fresh_command_line(tmp_path):
+  # The command line imports the form's module itself (the package imports
+  # it on first use), so the file's class name resolves.
+  model = _fit_three_finite_steps(_keras_3_class('tf_loss_scale')(
+      keras.optimizers.SGD(0.01), initial_scale=256.0,
+      dynamic_growth_steps=5, name='scaled'))
+  path = tmp_path / 'model.keras'
+  model.save(path)
+  result = fresh_process.run(['-m', 'tf_loss_scale', 'inspect', str(path)])
+  assert result.returncode == 0, result.stderr
+  _check_printed(result.stdout, 'scaled', 256, 3, KERAS_LAYOUT)
+
+
+@versions.KERAS_3.mark
 def test_object_based_checkpoint_of_keras_optimizer(capsys, tmp_path):
   optimizer = keras.optimizers.LossScaleOptimizer(
       keras.optimizers.SGD(0.01), initial_scale=256.0, dynamic_growth_steps=5)
@@ -115,6 +149,41 @@ def test_object_based_checkpoint_of_keras_optimizer(capsys, tmp_path):
   code, out, _ = _inspect(capsys, path)
   assert code == 0
   _check_printed(out, 'optimizer', 256, 3, KERAS_LAYOUT)
+
+
+def _keras_2_model_fitted_with_its_loss_scale_optimizer():
+  """Three finite steps at scale 256 with growth after 5: 256, 3 good steps."""
+  k2 = versions.keras_2()
+  model = k2.Sequential([k2.layers.Dense(2, input_shape=(3,))])
+  optimizer = k2.mixed_precision.LossScaleOptimizer(
+      k2.optimizers.SGD(0.01), initial_scale=256.0, dynamic_growth_steps=5)
+  model.compile(optimizer=optimizer, loss='mse')
+  model.fit(np.ones((3, 3)), np.ones((3, 2)), batch_size=1, verbose=0)
+  return model
+
+
+@versions.KERAS_2.mark
+def test_object_based_checkpoint_of_keras_2_optimizer(capsys, tmp_path):
+  model = _keras_2_model_fitted_with_its_loss_scale_optimizer()
+  path = tf.train.Checkpoint(optimizer=model.optimizer).save(
+      str(tmp_path / 'ckpt'))
+  code, out, _ = _inspect(capsys, path)
+  assert code == 0
+  # Keras 2's class keeps TensorFlow's names.
+  _check_printed(out, 'optimizer/loss_scale', 256, 3, TF_LAYOUT)
+
+
+@versions.KERAS_2.mark
+def test_keras_2_file_holds_no_loss_scale_state(capsys, tmp_path):
+  model = _keras_2_model_fitted_with_its_loss_scale_optimizer()
+  path = tmp_path / 'model.keras'
+  # Keras 2.12 writes the .keras format only when asked to.
+  model.save(str(path), **({'save_format': 'keras_v3'}
+                           if versions.TF < (2, 13) else {}))
+  code, out, err = _inspect(capsys, path)
+  assert (code, err) == (1, '')
+  assert out.splitlines()[0] == f'{path}: Keras 2 .keras file'
+  assert "Keras 2's LossScaleOptimizer in a .keras file save none" in out
 
 
 def test_checkpoint_without_loss_scale_exits_1(capsys, tmp_path):
@@ -199,3 +268,23 @@ def test_object_based_checkpoint_reports_option_counters(tmp_path):
       'scale', 16.0, 0, (('non_finite_streak', 1),))
   assert state.variables == ('scale/current_loss_scale', 'scale/good_steps',
                              'scale/non_finite_streak')
+
+
+def test_command_line_errors_are_one_line_without_tensorflow_log(tmp_path):
+  # A fresh process, TensorFlow's log level unset: its start-up lines would
+  # reach stderr before the error unless the command keeps them off.
+  bad_keras = tmp_path / 'bad.keras'
+  bad_keras.write_bytes(b'not a zip archive')
+  for path, fragment in ((tmp_path / 'nothing-here', 'nothing-here'),
+                         (bad_keras, 'bad.keras')):
+    environment = dict(os.environ, PYTHONPATH=_ROOT)
+    environment.pop('TF_CPP_MIN_LOG_LEVEL', None)
+    done = subprocess.run(
+        [sys.executable, '-m', 'tf_loss_scale', 'inspect', str(path)],
+        capture_output=True, text=True, timeout=300, env=environment,
+        check=False)
+    assert (done.returncode, done.stdout) == (2, ''), done
+    assert done.stderr.startswith('tf-loss-scale inspect: error: '), (
+        done.stderr)
+    assert done.stderr.count('\n') == 1 and fragment in done.stderr, (
+        done.stderr)

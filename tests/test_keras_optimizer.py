@@ -1,8 +1,11 @@
 """Tests of `tf_loss_scale.keras.LossScaleOptimizer`, the Keras 3 form.
 
-The reference is `keras.optimizers.LossScaleOptimizer` (Keras 3.15): fed the
-same gradients, both must produce the same weights, slots and loss scale at
-every step, wherever our floor at 1 does not apply.
+The reference is `keras.optimizers.LossScaleOptimizer` of the installed Keras
+(3.3.3 to 3.15): fed the same gradients, both must produce the same weights,
+slots and loss scale at every step, wherever our floor at 1 does not apply.
+Where Keras's class changed between releases, ours follows the installed one
+(`iterations`, `get_config`, messages), except that it refuses base optimizer
+arguments and clears the inner `loss_scale_factor` on every release.
 """
 
 import keras
@@ -11,10 +14,23 @@ import pytest
 import tensorflow as tf
 
 import tf_loss_scale
-from tf_loss_scale.keras import LossScaleOptimizer
+import versions
+
+versions.KERAS_3.require()
+
+from tf_loss_scale.keras import LossScaleOptimizer  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 INF = float('inf')
 NAN = float('nan')
+
+# Keras 3.9 made the class's `iterations` its inner optimizer's (before, a
+# counter of its own that never advanced).
+_ITERATIONS_ARE_THE_INNER_OPTIMIZERS = versions.keras_at_least(3, 9)
+
+
+def _count(variable):
+  # Keras 3.3's variables have no __int__.
+  return int(np.asarray(variable.numpy()))
 
 
 def _variables():
@@ -87,7 +103,9 @@ def test_apply_matches_keras_reference_at_every_step(use_function, inner):
   reference.build(ref_vars)
 
   _run_against_reference(ours, reference, our_vars, ref_vars, use_function)
-  assert int(ours.iterations) == int(reference.inner_optimizer.iterations) == 9
+  assert _count(ours.inner_optimizer.iterations) == _count(
+      reference.inner_optimizer.iterations) == 9
+  assert _count(ours.iterations) == _count(reference.iterations)
 
 
 def test_documented_example_sgd_step():
@@ -104,7 +122,7 @@ def test_documented_example_four_skipped_steps_scale_loss_to_25():
     opt.apply([tf.constant([INF])], [var])
   assert float(opt.scale_loss(tf.constant(1.0))) == 25.0
   assert var.numpy().tolist() == [1.0]
-  assert int(opt.iterations) == 0
+  assert _count(opt.iterations) == 0
 
 
 def test_documented_example_eight_finite_steps_grow_to_32():
@@ -281,7 +299,8 @@ def test_variables_are_keras_variables_in_keras_layout():
       initial_scale=4.0, name='lso')
   for opt in (ours, reference):
     opt.build([keras.Variable([1.0], name='w')])
-  assert all(isinstance(v, keras.Variable) for v in ours.variables)
+  assert [type(v) for v in ours.variables] == [
+      type(v) for v in reference.variables]
   assert [v.path for v in ours.variables] == [
       v.path for v in reference.variables]
   assert [v.path for v in ours.variables][:4] == [
@@ -292,13 +311,14 @@ def test_variables_are_keras_variables_in_keras_layout():
       v.dtype for v in reference.variables]
 
 
+@_ITERATIONS_ARE_THE_INNER_OPTIMIZERS.mark
 def test_iterations_and_learning_rate_are_the_inner_optimizers():
   inner = keras.optimizers.SGD(0.25)
   opt = LossScaleOptimizer(inner, initial_scale=4.0)
   var = keras.Variable([1.0])
   opt.apply([tf.constant([4.0])], [var])
   opt.apply([tf.constant([INF])], [var])
-  assert opt.iterations is inner.iterations and int(opt.iterations) == 1
+  assert opt.iterations is inner.iterations and _count(opt.iterations) == 1
   assert float(opt.learning_rate) == 0.25
   opt.learning_rate = 0.5
   assert float(inner.learning_rate) == 0.5
@@ -360,10 +380,16 @@ _FEATURES = {
     'loss_scale_factor': lambda: keras.optimizers.SGD(
         0.1, loss_scale_factor=16.0),
 }
+# Keras's class clears the inner factor from 3.10 on; before, it divides the
+# gradients by it a second time (ours clears it on every release:
+# test_inner_loss_scale_factor_is_accepted_and_cleared_as_keras_does).
+_SAME_AS_KERAS = {'loss_scale_factor': versions.keras_at_least(3, 10)}
 
 
 @pytest.mark.parametrize('use_function', [False, True])
-@pytest.mark.parametrize('feature', sorted(_FEATURES))
+@pytest.mark.parametrize('feature', [
+    pytest.param(name, marks=_SAME_AS_KERAS[name].mark)
+    if name in _SAME_AS_KERAS else name for name in sorted(_FEATURES)])
 def test_inner_features_match_keras_class_step_for_step(feature, use_function):
   ours = LossScaleOptimizer(_FEATURES[feature](), initial_scale=64.0,
                             dynamic_growth_steps=2)
@@ -380,12 +406,19 @@ def test_inner_features_match_keras_class_step_for_step(feature, use_function):
   _assert_same_state('after finalize', ours, reference, our_vars, ref_vars)
 
 
-def test_get_config_has_exactly_the_constructor_arguments_and_round_trips():
-  opt = LossScaleOptimizer(keras.optimizers.Adam(0.003), initial_scale=128.0,
-                           dynamic_growth_steps=7, name='lso')
+def test_get_config_equals_keras_class_config_and_round_trips():
+  opt = LossScaleOptimizer(keras.optimizers.Adam(0.003, name='adam'),
+                           initial_scale=128.0, dynamic_growth_steps=7,
+                           name='lso')
   config = opt.get_config()
-  assert set(config) == {'name', 'inner_optimizer', 'initial_scale',
-                         'dynamic_growth_steps'}
+  assert config == keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.Adam(0.003, name='adam'), initial_scale=128.0,
+      dynamic_growth_steps=7, name='lso').get_config()
+  # Before Keras 3.12 the class's config also lists the base optimizer's
+  # arguments, at their defaults.
+  if versions.keras_at_least(3, 12):
+    assert set(config) == {'name', 'inner_optimizer', 'initial_scale',
+                           'dynamic_growth_steps'}
   assert (config['name'], config['initial_scale'],
           config['dynamic_growth_steps']) == ('lso', 128.0, 7)
   clone = LossScaleOptimizer.from_config(config)
@@ -508,8 +541,15 @@ def _fail(*args, **kwargs):
 
 
 def test_refusals_start_with_keras_wording():
-  with pytest.raises(ValueError, match='no longer supports `dynamic=False`'):
+  # `dynamic=False`: the installed Keras's message, whatever its release.
+  with pytest.raises(ValueError) as keras_refusal:
+    keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), dynamic=False)
+  with pytest.raises(ValueError) as our_refusal:
     LossScaleOptimizer(keras.optimizers.SGD(), dynamic=False)
+  assert str(our_refusal.value) == str(keras_refusal.value)
+  assert 'dynamic=False' in str(our_refusal.value)
+  # Base optimizer arguments: refused with Keras 3.12's words on every
+  # release (older Keras accepted and ignored them).
   with pytest.raises(
       ValueError, match='does not support `clipnorm`. Instead, set `clipnorm` '
       'on the `inner_optimizer`'):

@@ -1,4 +1,10 @@
-"""Tests of tf_loss_scale.monitoring and DynamicLossScale.skipped_steps."""
+"""Tests of tf_loss_scale.monitoring and DynamicLossScale.skipped_steps.
+
+`keras` is the Keras of the installed TensorFlow (Keras 2 up to 2.15,
+Keras 3 from 2.16); the callback is also run by the `model.fit` of the other
+family where one is installed (`tf_keras`, or `tf.keras` under
+`TF_USE_LEGACY_KERAS=1`).
+"""
 
 import glob
 import os
@@ -10,7 +16,7 @@ import tensorflow as tf
 
 import tf_loss_scale
 from tf_loss_scale import monitoring
-from tf_loss_scale.keras import LossScaleOptimizer
+import versions
 
 INF = float('inf')
 NAN = float('nan')
@@ -49,6 +55,11 @@ def _check_trajectory(observed, what):
         f'{what}: step {step}: (scale, good_steps, skipped_steps) was {got}, '
         f'expected {want}')
   assert len(observed) == len(EXPECTED), f'{what}: {len(observed)} steps'
+
+
+def _keras_3_form(*args, **kwargs):
+  from tf_loss_scale.keras import LossScaleOptimizer  # pylint: disable=g-import-not-at-top
+  return LossScaleOptimizer(*args, **kwargs)
 
 
 def _check_events(log_dir, steps, what):
@@ -173,9 +184,10 @@ def _overflowing_data():
   return x, np.ones((len(GRADS), 1), np.float32)
 
 
+@versions.KERAS_3.mark
 def test_keras_callback_logs_and_tensorboard(tmp_path):
   model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-  optimizer = LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=8.0,
+  optimizer = _keras_3_form(keras.optimizers.SGD(0.01), initial_scale=8.0,
                                  dynamic_growth_steps=2)
   model.compile(optimizer=optimizer, loss='mse')
   recorder = _LogsRecorder()
@@ -189,12 +201,13 @@ def test_keras_callback_logs_and_tensorboard(tmp_path):
   assert history.history['skipped_steps'] == [2]
   assert history.history['loss_scale'] == [16.0]
   # Independent count: the inner optimizer only steps when a step is applied.
-  assert int(optimizer.inner_optimizer.iterations) == len(GRADS) - 2
+  assert int(optimizer.inner_optimizer.iterations.numpy()) == len(GRADS) - 2
 
 
+@versions.KERAS_3.mark
 def test_keras_callback_per_epoch_summaries(tmp_path):
   model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-  model.compile(optimizer=LossScaleOptimizer(
+  model.compile(optimizer=_keras_3_form(
       keras.optimizers.SGD(0.01), initial_scale=8.0, dynamic_growth_steps=2),
                 loss='mse')
   x, y = _overflowing_data()
@@ -311,20 +324,29 @@ def _fit_sixteen_batches(tmp_path, optimizer, update_freq, epochs=1,
                                               {})
 
 
-@pytest.mark.parametrize('update_freq,epochs,written', [
-    (1, 1, [3, 7, 11, 15]),
-    (8, 1, [3, 11]),   # whenever 8 more batches have run
-    (1, 2, [3, 7, 11, 15]),  # the second epoch continues the count
+# With 4 steps per execution Keras reports one batch of every 4: the last
+# from Keras 3.11 on, the first before.
+_REPORTED = 3 if versions.keras_at_least(3, 11) else 0
+
+
+@versions.KERAS_3.mark
+@pytest.mark.parametrize('update_freq,epochs,written_runs', [
+    (1, 1, [0, 1, 2, 3]),
+    (8, 1, [0, 2]),   # whenever 8 more batches have run
+    (1, 2, [0, 1, 2, 3]),  # the second epoch continues the count
 ])
 def test_keras_callback_writes_at_the_batch_index_keras_reports(
-    tmp_path, update_freq, epochs, written):
+    tmp_path, update_freq, epochs, written_runs):
   recorder, events = _fit_sixteen_batches(
-      tmp_path, LossScaleOptimizer(keras.optimizers.SGD(0.01)), update_freq,
+      tmp_path, _keras_3_form(keras.optimizers.SGD(0.01)), update_freq,
       epochs)
-  assert recorder.batches == [3, 7] * 2 if epochs == 2 else [3, 7, 11, 15]
-  assert sorted(events) == written
+  runs_per_epoch = 4 // epochs
+  assert recorder.batches == [
+      4 * run + _REPORTED for run in range(runs_per_epoch)] * epochs
+  assert sorted(events) == [4 * run + _REPORTED for run in written_runs]
 
 
+@versions.KERAS_3.mark
 def test_keras_callback_reads_keras_own_loss_scale_optimizer(tmp_path):
   optimizer = keras.optimizers.LossScaleOptimizer(
       keras.optimizers.SGD(0.01), initial_scale=8.0, dynamic_growth_steps=2)
@@ -346,6 +368,68 @@ def test_keras_callback_reads_keras_own_loss_scale_optimizer(tmp_path):
   assert events[monitoring.TAGS['loss_scale']] == {
       step: scale for step, (scale, _, _) in enumerate(EXPECTED)}
   assert monitoring.TAGS['skipped_steps'] not in events
+
+
+@versions.KERAS_2.mark
+def test_keras_callback_with_keras_2_fit_and_keras_2s_own_optimizer(tmp_path):
+  k2 = versions.keras_2()
+  model = k2.Sequential([k2.layers.Dense(1, input_shape=(1,))])
+  model.compile(optimizer=k2.mixed_precision.LossScaleOptimizer(
+      k2.optimizers.SGD(0.01), initial_scale=8.0, dynamic_growth_steps=2),
+                loss='mse')
+  logs = []
+  recorder = k2.callbacks.LambdaCallback(
+      on_train_batch_end=lambda batch, batch_logs: logs.append(
+          dict(batch_logs)))
+  x, y = _overflowing_data()
+  history = model.fit(
+      x, y, batch_size=1, epochs=1, shuffle=False, verbose=0,
+      callbacks=[monitoring.LossScaleCallback(str(tmp_path), update_freq=1),
+                 recorder])
+  # Keras 2's class follows the same rule; it counts no skipped steps.
+  observed = [(entry['loss_scale'], entry['good_steps']) for entry in logs]
+  assert observed == [(scale, good) for scale, good, _ in EXPECTED], (
+      f'{k2.__name__} fit: (scale, good_steps) per batch')
+  assert all('skipped_steps' not in entry for entry in logs)
+  assert history.history['loss_scale'] == [16.0]
+  events = _events(str(tmp_path))
+  assert events[monitoring.TAGS['loss_scale']] == {
+      step: scale for step, (scale, _, _) in enumerate(EXPECTED)}
+
+
+@versions.KERAS_2.mark
+def test_keras_callback_with_keras_2_fit_and_the_tf23_form(tmp_path):
+  from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
+  k2 = versions.keras_2()
+  model = k2.Sequential([k2.layers.Dense(1, input_shape=(1,))])
+  model.compile(optimizer=experimental.LossScaleOptimizer(
+      k2.optimizers.SGD(0.01),
+      tf_loss_scale.DynamicLossScale(8.0, increment_period=2)), loss='mse')
+  logs = []
+  recorder = k2.callbacks.LambdaCallback(
+      on_train_batch_end=lambda batch, batch_logs: logs.append(
+          dict(batch_logs)))
+  x, y = _overflowing_data()
+  model.fit(x, y, batch_size=1, epochs=1, shuffle=False, verbose=0,
+            callbacks=[monitoring.LossScaleCallback(str(tmp_path),
+                                                    update_freq=1),
+                       recorder])
+  _check_trajectory([(entry['loss_scale'], entry['good_steps'],
+                      entry['skipped_steps']) for entry in logs],
+                    f'{k2.__name__} fit, TF 2.3 form')
+  _check_events(str(tmp_path), list(range(len(GRADS))),
+                f'{k2.__name__} fit, TF 2.3 form')
+
+
+def test_keras_2s_own_fixed_loss_scale_optimizer_reports_its_scale_only():
+  # Keras 2's class without a dynamic scale keeps no counter.
+  class KerasTwoShaped:
+    dynamic_counter = None
+    loss_scale = tf.constant(512.0)
+
+  state = {k: v.numpy() for k, v in
+           monitoring.state_tensors(KerasTwoShaped()).items()}
+  assert state == {'loss_scale': 512.0}
 
 
 def test_state_tensors_of_a_keras_3_form_by_its_variable_names():
@@ -424,6 +508,7 @@ def test_keras_callback_logs_hysteresis_and_collapse():
   assert observed == OPTION_EXPECTED
 
 
+@versions.KERAS_3.mark
 def test_state_tensors_of_an_unbuilt_keras_optimizer_says_to_build_it():
   optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
   with pytest.raises(ValueError, match='build'):

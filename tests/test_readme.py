@@ -7,7 +7,10 @@ policies and `compat.install()` restored after it; tests/run_readme_blocks.py):
   `TF_USE_LEGACY_KERAS=1` (`tf.keras` is `tf_keras`), and under Keras 3 too
   unless it sets the variable itself (`os.environ[...]`);
 - every other block runs under Keras 3.
-Shell blocks and output listings are not run.
+Shell blocks and output listings are not run. The README is written for the
+newest TensorFlow: where Keras 3 is absent (TensorFlow 2.15 and earlier),
+or Keras 2 under `TF_USE_LEGACY_KERAS=1` (no tf_keras on 2.16 and later),
+the blocks meant for it skip, saying so.
 """
 
 import collections
@@ -19,6 +22,7 @@ import re
 import pytest
 
 import fresh_process
+import versions
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _README = os.path.join(os.path.dirname(_TESTS), 'README.md')
@@ -57,6 +61,9 @@ def _environments(block):
 
 _BLOCKS = _python_blocks()
 _CASES = [(block, env) for block in _BLOCKS for env in _environments(block)]
+# What each environment needs installed.
+_NEEDS = {'keras3': versions.KERAS_3,
+          'tf_keras': versions.LEGACY_KERAS_IS_KERAS_2}
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,8 +92,10 @@ def _case_id(block, env):
   return f'{block.id}-{heading}-{env}'
 
 
-@pytest.mark.parametrize('block,env', _CASES,
-                         ids=[_case_id(*case) for case in _CASES])
+@pytest.mark.parametrize(
+    'block,env',
+    [pytest.param(*case, marks=_NEEDS[case[1]].mark) for case in _CASES],
+    ids=[_case_id(*case) for case in _CASES])
 def test_readme_block_runs(block, env, tmp_path_factory):
   error = _errors(env, str(tmp_path_factory.getbasetemp()))[block.id]
   assert error is None, (

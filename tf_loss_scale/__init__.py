@@ -17,6 +17,9 @@ tf_loss_scale` loads neither TensorFlow nor Keras until they are needed):
 
 from tf_loss_scale import lazy as _lazy
 
+# The package version; pyproject.toml reads it from here.
+__version__ = '0.1.0'
+
 _CORE = {
     'loss_scale': ('DynamicLossScale', 'FixedLossScale', 'LossScale',
                    'LossScaleCollapseError', 'deserialize', 'get',

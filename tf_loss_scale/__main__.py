@@ -1,8 +1,13 @@
 """The `tf-loss-scale` command line (also `python -m tf_loss_scale`).
 
-  tf-loss-scale demo [--api keras|experimental|v1] [--strategy none|mirrored]
+  tf-loss-scale demo [--api auto|keras|experimental|v1]
+                     [--strategy none|mirrored] [--onednn auto|on|off]
                      [--loss-weight W] [--out DIR] [--verbose]
   tf-loss-scale inspect CHECKPOINT
+
+Nothing here imports TensorFlow before a command runs, so that the demo can
+set TensorFlow's oneDNN switch and both commands can keep TensorFlow's
+start-up log off the terminal.
 """
 
 import argparse
@@ -24,7 +29,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
   Returns:
     The exit code: 0 on success, 1 when a checkpoint holds no loss scale
-    state, 2 for a usage error or a missing or unreadable checkpoint.
+    state, 2 for a usage error (a `--api` that does not work with the
+    installed packages included) or a missing or unreadable checkpoint.
   """
   parser = _parser()
   args = parser.parse_args(argv)
@@ -36,6 +42,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _parser() -> argparse.ArgumentParser:
   # Imported lazily by the commands; the parser itself needs no TensorFlow.
   from tf_loss_scale.demo import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.demo import onednn  # pylint: disable=g-import-not-at-top
   defaults = config_lib.DemoConfig()
   parser = argparse.ArgumentParser(
       prog='tf-loss-scale',
@@ -48,11 +55,19 @@ def _parser() -> argparse.ArgumentParser:
       'mixed_float16 with a dynamic loss scale on the 8x8 digits, with the '
       'cross-entropy weighted as small as a loss averaged over 2**18 outputs '
       '(--loss-weight 1: the plain classifier). Prints a table; writes a '
-      'plot, results.json and TensorBoard logs to --out.',
+      'plot, results.json, the scaled run\'s checkpoint and TensorBoard logs '
+      'to --out. Numbers may be written as powers of two: 2**-18 or 2^-18.',
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  demo.add_argument('--api', choices=config_lib.APIS, default=defaults.api,
+  demo.add_argument('--api', choices=(config_lib.AUTO,) + config_lib.APIS,
+                    default=defaults.api,
                     help='Keras 3 model.fit, the TF 2.0-2.3 experimental '
-                    'wrapper in a custom loop, or a TF1 session loop')
+                    'wrapper in a custom loop, or a TF1 session loop; auto: '
+                    'keras where Keras 3 is installed, else v1')
+  demo.add_argument('--onednn', choices=onednn.SETTINGS,
+                    default=defaults.onednn,
+                    help='TensorFlow\'s oneDNN kernels; auto turns them off '
+                    'on a machine without GPU or TPU, where their float16 '
+                    'path can make mixed_float16 many times slower')
   demo.add_argument('--strategy', choices=config_lib.STRATEGIES,
                     default=defaults.strategy,
                     help='mirrored runs two replicas on two logical CPUs')
@@ -77,8 +92,10 @@ def _parser() -> argparse.ArgumentParser:
       ('loss_weight', 'factor on the cross-entropy; 1 trains the plain '
        'classifier'),
       ('initial_scale', 'first value of the dynamic loss scale')):
-    demo.add_argument('--' + name.replace('_', '-'), type=float,
-                      default=getattr(defaults, name), help=help_text)
+    # A string default goes through `type` too, and shows in --help as is.
+    demo.add_argument('--' + name.replace('_', '-'), type=_number,
+                      default=config_lib.format_number(getattr(defaults, name)),
+                      help=help_text)
   inspect = commands.add_parser(
       'inspect', help='print the loss scale state saved in a checkpoint')
   inspect.add_argument(
@@ -87,7 +104,16 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _number(text: str) -> float:
+  from tf_loss_scale.demo import config as config_lib  # pylint: disable=g-import-not-at-top
+  try:
+    return config_lib.parse_number(text)
+  except ValueError as error:
+    raise argparse.ArgumentTypeError(str(error)) from error
+
+
 def _demo(args: argparse.Namespace) -> int:
+  from tf_loss_scale.demo import apis  # pylint: disable=g-import-not-at-top
   from tf_loss_scale.demo import config as config_lib  # pylint: disable=g-import-not-at-top
   from tf_loss_scale.demo import runner  # pylint: disable=g-import-not-at-top
   settings = {key: value for key, value in vars(args).items()
@@ -97,16 +123,28 @@ def _demo(args: argparse.Namespace) -> int:
   except ValueError as error:
     print(f'tf-loss-scale demo: error: {error}', file=sys.stderr)
     return _USAGE_ERROR
-  runner.run_demo(config)
+  try:
+    runner.run_demo(config)
+  except apis.UnavailableError as error:
+    print(f'tf-loss-scale demo: error: {error}', file=sys.stderr)
+    return _USAGE_ERROR
   return 0
 
 
 def _inspect(path: str) -> int:
-  from tf_loss_scale import inspect_checkpoint  # pylint: disable=g-import-not-at-top
-  try:
-    inspection = inspect_checkpoint.inspect(path)
-  except inspect_checkpoint.CheckpointError as error:
-    print(f'tf-loss-scale inspect: error: {error}', file=sys.stderr)
+  from tf_loss_scale.demo import quiet  # pylint: disable=g-import-not-at-top
+  # TensorFlow logs its start-up and the reader's failures to descriptor 2;
+  # the command's own output is one report or one line of error.
+  with quiet.tensorflow_output_to(os.devnull):
+    from tf_loss_scale import inspect_checkpoint  # pylint: disable=g-import-not-at-top
+    try:
+      inspection = inspect_checkpoint.inspect(path)
+    except inspect_checkpoint.CheckpointError as error:
+      failure = f'tf-loss-scale inspect: error: {error}'
+    else:
+      failure = None
+  if failure:
+    print(failure, file=sys.stderr)
     return _USAGE_ERROR
   print(inspect_checkpoint.format_inspection(inspection))
   return 0 if inspection.states else 1

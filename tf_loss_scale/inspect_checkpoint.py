@@ -4,12 +4,15 @@ Three kinds of file are read:
 
 - TF1 `tf.compat.v1.train.Saver` checkpoints, keyed by variable name;
 - object-based `tf.train.Checkpoint` checkpoints, keyed by object path;
-- Keras 3 `.keras` files, whose optimizer variables are stored by position.
+- Keras `.keras` files (Keras 3, and Keras 2.12 to 2.15), whose optimizer
+  variables are stored by position.
 
 Two layouts of loss scale state are recognised in each: the
 `current_loss_scale`/`good_steps` pair of TensorFlow's and this library's
 `LossScale` classes, and the `dynamic_scale`/`step_counter` pair of Keras 3's
-`LossScaleOptimizer`. Both count, in `good_steps`/`step_counter`, the finite
+`LossScaleOptimizer`. (Keras 2's `LossScaleOptimizer` keeps TensorFlow's
+names in checkpoints, and saves no loss scale state in `.keras` files.)
+Both count, in `good_steps`/`step_counter`, the finite
 steps since the scale last changed. Every pair is reported: a TF1 graph with
 two loss scales (a GAN, two towers) saves the second as
 `current_loss_scale_1`/`good_steps_1`. The counters of this library's
@@ -18,19 +21,21 @@ reported with the pair they belong to.
 """
 
 import dataclasses
+import importlib
 import io
 import json
 import os
 import re
 import zipfile
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import tensorflow as tf
 
 # (scale variable, good-steps variable) -> the classes that use those names.
 LAYOUTS = {
     ('current_loss_scale', 'good_steps'):
-        'current_loss_scale + good_steps (tf_loss_scale / TensorFlow LossScale)',
+        'current_loss_scale + good_steps (tf_loss_scale / TensorFlow '
+        'LossScale, Keras 2 LossScaleOptimizer)',
     ('dynamic_scale', 'step_counter'):
         'dynamic_scale + step_counter (Keras 3 LossScaleOptimizer)',
 }
@@ -131,8 +136,9 @@ def format_inspection(inspection: Inspection) -> str:
   """
   lines = [f'{inspection.path}: {inspection.kind}']
   if not inspection.states:
-    lines.append('  no loss scale state found (a fixed loss scale, or no '
-                 'loss scaling, saves none)')
+    lines.append('  no loss scale state found (a fixed loss scale, no loss '
+                 'scaling, and Keras 2\'s LossScaleOptimizer in a .keras '
+                 'file save none)')
   for state in inspection.states:
     lines.append(f'  {state.owner or "(top level)"}:')
     lines.append(f'    current loss scale: {state.scale:g}')
@@ -184,21 +190,24 @@ def _join(parent: str, name: str) -> str:
 
 
 def _inspect_keras_file(path: str) -> Inspection:
-  kind = 'Keras 3 .keras file'
   try:
     with zipfile.ZipFile(path) as archive:
       config = json.loads(archive.read('config.json'))
       weights = archive.read('model.weights.h5')
+      metadata = json.loads(archive.read('metadata.json'))
   except (OSError, zipfile.BadZipFile, KeyError, ValueError) as error:
     raise CheckpointError(
         f'cannot read Keras file {path}: {_first_line(error)}') from error
+  # The Keras family that wrote it, from the version it recorded.
+  family = str(metadata.get('keras_version', '3')).split('.')[0]
+  kind = f'Keras {family} .keras file'
   optimizer_config = (config.get('compile_config') or {}).get('optimizer')
   if not optimizer_config:
     return Inspection(path, kind, [])
   stored = _read_optimizer_values(path, weights)
   if not stored:  # Saved before the optimizer was built.
     return Inspection(path, kind, [])
-  names = _optimizer_variable_names(path, optimizer_config)
+  names = _optimizer_variable_names(path, optimizer_config, family)
   if len(stored) < len(names):
     raise CheckpointError(
         f'cannot read Keras file {path}: its optimizer stores {len(stored)} '
@@ -208,28 +217,50 @@ def _inspect_keras_file(path: str) -> Inspection:
       {f'{owner}/{name}': value for name, value in zip(names, stored)}))
 
 
-def _optimizer_variable_names(path: str, optimizer_config: dict) -> List[str]:
+def _optimizer_variable_names(path: str, optimizer_config: dict,
+                              family: str) -> List[str]:
   """Names of an optimizer's own variables, in the order Keras saves them.
 
   Keras stores optimizer variables by position only. The variables a wrapper
   creates when built come before its inner optimizer's (which grow with the
-  model), so building the optimizer from its config with no model variables
-  gives the names of the leading positions.
+  model), so building the optimizer from its config, with the Keras family
+  that wrote the file and no model variables, gives the names of the
+  leading positions.
   """
-  import keras  # pylint: disable=g-import-not-at-top
-  # Registers this library's Keras classes, if that package is available.
+  keras_module = _keras_of_family(path, family)
   try:
-    import tf_loss_scale.keras  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
-    pass
-  try:
-    optimizer = keras.optimizers.deserialize(optimizer_config)
+    optimizer = keras_module.optimizers.deserialize(optimizer_config)
     optimizer.build([])
-  except (TypeError, ValueError) as error:
+    variables = optimizer.variables
+  except (AttributeError, TypeError, ValueError) as error:
     raise CheckpointError(
         f'cannot rebuild the optimizer of Keras file {path}: '
         f'{_first_line(error)}') from error
-  return [_leaf_name(variable) for variable in optimizer.variables]
+  return [_leaf_name(variable) for variable in variables]
+
+
+def _keras_of_family(path: str, family: str) -> Any:
+  """The installed Keras of a family ('2' or '3'), its file classes known."""
+  # Importing the library's Keras modules registers their classes for
+  # deserialization.
+  for module in ('loss_scale_optimizer', 'experimental'):
+    try:
+      importlib.import_module(f'tf_loss_scale.keras.{module}')
+    except (AttributeError, ImportError):
+      pass  # Not a Keras this form runs on: its classes cannot be in use.
+  if family == '2':
+    # Keras 3 as tf.keras has a version; TF 2.15's Keras 2 API module not.
+    if not getattr(tf.keras, '__version__', '2.').startswith('3.'):
+      return tf.keras
+    try:
+      import tf_keras  # pylint: disable=g-import-not-at-top
+    except ImportError as error:
+      raise CheckpointError(
+          f'cannot rebuild the optimizer of Keras 2 file {path}: Keras 2 is '
+          'not installed (pip install tf_keras)') from error
+    return tf_keras
+  import keras  # pylint: disable=g-import-not-at-top
+  return keras
 
 
 def _read_optimizer_values(path: str, weights: bytes) -> List[object]:

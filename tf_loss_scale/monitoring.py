@@ -13,13 +13,17 @@ Three views of the same numbers, read from the loss scale's state machine:
 
 A value a source does not keep is left out rather than made up. Sources are
 a `LossScale`, any optimizer whose `loss_scale` property is one (the v1 and
-the TF 2.3-style Keras wrappers), and any Keras 3-style
-`LossScaleOptimizer` with `dynamic_scale` and `step_counter` variables
-(Keras's own class as well as this library's). `state_tensors` is the one
-place that knows these shapes.
+the TF 2.3-style Keras wrappers), any Keras 3-style `LossScaleOptimizer`
+with `dynamic_scale` and `step_counter` variables (Keras's own class as well
+as this library's), and Keras 2's own `LossScaleOptimizer` (the
+`tf.keras.mixed_precision` one of TensorFlow 2.15 and earlier, and
+tf_keras's), whose `loss_scale` is a tensor and `dynamic_counter` its good
+steps. `state_tensors` is the one place that knows these shapes.
 
 Use `write_summaries` in a custom training loop, `LossScaleCallback` with
-Keras `model.fit`, and `LossScaleHook` with `tf.compat.v1` sessions.
+`model.fit` of either Keras family (Keras 3, or Keras 2: the `keras` 2.x of
+TensorFlow 2.15 and earlier and `tf_keras`), and `LossScaleHook` with
+`tf.compat.v1` sessions.
 """
 
 from typing import Any, Dict, Optional, Union
@@ -61,8 +65,9 @@ def state_tensors(source: LossScaleSource) -> Dict[str, tf.Tensor]:
 
   Args:
     source: A `LossScale`; an optimizer whose `loss_scale` property is one;
-      or a Keras 3-style loss scale optimizer, with `dynamic_scale` and
-      `step_counter` variables (and, if it keeps them, `skipped_steps`).
+      a Keras 3-style loss scale optimizer, with `dynamic_scale` and
+      `step_counter` variables (and, if it keeps them, `skipped_steps`); or
+      Keras 2's own loss scale optimizer.
 
   Returns:
     A dict of scalar tensors: `'loss_scale'` (float32) and, for each counter
@@ -80,6 +85,12 @@ def state_tensors(source: LossScaleSource) -> Dict[str, tf.Tensor]:
     return {SCALE: holder(), GOOD_STEPS: zero, SKIPPED_STEPS: zero}
   if isinstance(holder, loss_scale_lib.LossScale):
     scale = holder()
+  elif _is_keras_2_loss_scale_optimizer(holder):
+    values = {SCALE: tf.cast(holder.loss_scale, tf.float32)}
+    # None when its scale is fixed: it keeps no count then.
+    if holder.dynamic_counter is not None:
+      values[GOOD_STEPS] = tf.cast(holder.dynamic_counter, tf.int64)
+    return values
   elif getattr(holder, 'dynamic_scale', None) is not None:
     scale = holder.dynamic_scale
   else:
@@ -103,9 +114,12 @@ def _state_holder(source: LossScaleSource) -> Any:
   found = getattr(source, 'loss_scale', None)
   if isinstance(found, loss_scale_lib.LossScale):
     return found
-  # Keras's class creates its two variables when it is built, on the first
+  if _is_keras_2_loss_scale_optimizer(source):
+    return source
+  # Keras 3's class creates its two variables when it is built, on the first
   # step; it is known for one before that by its type.
-  if isinstance(source, keras.optimizers.LossScaleOptimizer) or all(
+  keras_3_class = getattr(keras.optimizers, 'LossScaleOptimizer', None)
+  if (keras_3_class is not None and isinstance(source, keras_3_class)) or all(
       getattr(source, name, None) is not None
       for name in ('dynamic_scale', 'step_counter')):
     return source
@@ -115,6 +129,14 @@ def _state_holder(source: LossScaleSource) -> Any:
       f'step_counter variables), but got {source!r} of type '
       f'{type(source).__name__}. Wrap the optimizer in a loss scale '
       'optimizer to monitor it.')
+
+
+def _is_keras_2_loss_scale_optimizer(source: Any) -> bool:
+  # Keras 2's class (keras 2.x, tf_keras) keeps its good steps as
+  # `dynamic_counter` (None for a fixed scale) and has no `dynamic_scale`.
+  return (hasattr(type(source), 'dynamic_counter') and
+          getattr(source, 'dynamic_scale', None) is None and
+          tf.is_tensor(getattr(source, 'loss_scale', None)))
 
 
 # What TensorBoard's scalar plugin reads; written with the core `tf.summary.write`
@@ -160,6 +182,11 @@ def write_summaries(source: LossScaleSource,
 class LossScaleCallback(keras.callbacks.Callback):
   """Adds the loss scale's state to Keras logs and, optionally, TensorBoard.
 
+  Works with the `model.fit` of either Keras family, whichever the model
+  was built with: Keras 3, or Keras 2 (the `keras` 2.x of TensorFlow 2.15
+  and earlier, or `tf_keras`, which is `tf.keras` under
+  `TF_USE_LEGACY_KERAS=1`).
+
   Every batch and every epoch, `loss_scale`, `good_steps`, `skipped_steps`
   (and the hysteresis and collapse counters, when on) are put in the logs, so
   the progress bar, `History` and later callbacks see them (list this
@@ -171,9 +198,26 @@ class LossScaleCallback(keras.callbacks.Callback):
   model.fit(x, y, callbacks=[LossScaleCallback(log_dir='logs/train')])
   ```
 
-  Keras's own `keras.optimizers.LossScaleOptimizer` works too; it keeps no
-  count of skipped steps, so none is logged for it.
+  Keras's own loss scale optimizers work too (Keras 3's
+  `keras.optimizers.LossScaleOptimizer`, Keras 2's
+  `tf.keras.mixed_precision.LossScaleOptimizer`); they keep no count of
+  skipped steps, so none is logged for them.
   """
+
+  # Keras 2's fit asks every callback which batch hooks it implements and
+  # whether it takes tensors in its logs; Keras 3's Callback, the base
+  # class where `keras` is Keras 3, has no such methods.
+  _supports_tf_logs = False
+  _chief_worker_only = None
+
+  def _implements_train_batch_hooks(self) -> bool:
+    return True
+
+  def _implements_test_batch_hooks(self) -> bool:
+    return False
+
+  def _implements_predict_batch_hooks(self) -> bool:
+    return False
 
   def __init__(self,
                log_dir: Optional[str] = None,
@@ -186,8 +230,9 @@ class LossScaleCallback(keras.callbacks.Callback):
       update_freq: `'epoch'` to write summaries once per epoch (at the
         epoch's index), or a positive int N to write every N batches, at the
         batch index Keras reports counted from the start of training (with
-        `steps_per_execution=k` Keras reports every k-th batch, and a summary
-        is written whenever N more batches have run).
+        `steps_per_execution=k` Keras reports every k-th batch, the last of
+        each k from Keras 3.11 on and the first before, and a summary is
+        written whenever N more batches have run).
       loss_scale: What to watch, any source `state_tensors` reads; by default
         `model.optimizer`.
 
@@ -222,7 +267,10 @@ class LossScaleCallback(keras.callbacks.Callback):
       self._writer = tf.summary.create_file_writer(self._log_dir)
 
   def on_epoch_begin(self, epoch, logs=None):
-    self._epoch_start = self._last_index + 1
+    # Batches per epoch when Keras knows them: the index it last reported
+    # may be the first of several batches run at once.
+    steps = (self.params or {}).get('steps')
+    self._epoch_start = (epoch * steps if steps else self._last_index + 1)
 
   def on_train_batch_end(self, batch, logs=None):
     values = self._read(logs)

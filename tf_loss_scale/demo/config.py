@@ -1,12 +1,23 @@
-"""The demo's settings and the runs it makes."""
+"""The demo's settings, the runs it makes, and how its numbers are written."""
 
 import dataclasses
+import math
+import re
+from typing import Optional
 
-APIS = ('keras', 'experimental', 'v1')
+from tf_loss_scale.demo import onednn
+
+KERAS, EXPERIMENTAL, V1 = 'keras', 'experimental', 'v1'
+APIS = (KERAS, EXPERIMENTAL, V1)
+# Runs the first API that works with the installed TensorFlow and Keras.
+AUTO = 'auto'
 STRATEGIES = ('none', 'mirrored')
 # The three runs: (name in results.RUN_NAMES order, float16?, loss scaled?).
 FLOAT32, MIXED, SCALED = 'float32', 'mixed', 'scaled'
 KINDS = (FLOAT32, MIXED, SCALED)
+# The fixed batch of training images on which the flushed gradients are
+# measured (the first ones of the training set).
+PROBE_EXAMPLES = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,7 +26,8 @@ class DemoConfig:
 
   Attributes:
     api: `'keras'` (Keras 3 `model.fit`), `'experimental'` (the TF 2.0-2.3
-      wrapper in a custom loop) or `'v1'` (a TF1 session loop).
+      wrapper in a custom loop), `'v1'` (a TF1 session loop), or `'auto'`:
+      `'keras'` where Keras 3 is installed, else `'v1'` (see `apis`).
     strategy: `'none'` or `'mirrored'` (two logical CPU devices).
     steps: Training steps per run.
     batch_size: Examples per step (split between replicas when mirrored).
@@ -36,8 +48,11 @@ class DemoConfig:
     out: Directory for the PNG, `results.json`, TensorBoard event files
       and, unless verbose, TensorFlow's log.
     verbose: Whether TensorFlow's own log lines reach the terminal.
+    onednn: TensorFlow's oneDNN kernels: `'auto'` (off on a CPU-only
+      machine, see `onednn`), `'on'` or `'off'`. Takes effect only if
+      TensorFlow is not imported yet.
   """
-  api: str = 'keras'
+  api: str = AUTO
   strategy: str = 'none'
   steps: int = 1000
   batch_size: int = 128
@@ -50,10 +65,15 @@ class DemoConfig:
   seed: int = 0
   out: str = './tf_loss_scale_demo'
   verbose: bool = False
+  onednn: str = onednn.AUTO
 
   def __post_init__(self):
-    if self.api not in APIS:
-      raise ValueError(f'api must be one of {APIS}, but got {self.api!r}.')
+    if self.api not in APIS + (AUTO,):
+      raise ValueError(
+          f'api must be one of {APIS + (AUTO,)}, but got {self.api!r}.')
+    if self.onednn not in onednn.SETTINGS:
+      raise ValueError(f'onednn must be one of {onednn.SETTINGS}, but got '
+                       f'{self.onednn!r}.')
     if self.strategy not in STRATEGIES:
       raise ValueError(
           f'strategy must be one of {STRATEGIES}, but got {self.strategy!r}.')
@@ -71,3 +91,46 @@ class DemoConfig:
       raise ValueError(
           'batch_size must be even with strategy mirrored (two replicas), but '
           f'got {self.batch_size}.')
+
+
+_POWER_OF_TWO = re.compile(r'2\s*(?:\*\*|\^)\s*([+-]?\d+)')
+
+
+def parse_number(text: str) -> float:
+  """Reads a number written plainly (`0.1`, `1e-3`) or as a power of two.
+
+  Args:
+    text: The number, or a power of two as `2**-18` or `2^-18`.
+
+  Returns:
+    Its value.
+
+  Raises:
+    ValueError: If `text` is neither, naming it.
+  """
+  match = _POWER_OF_TWO.fullmatch(text.strip())
+  try:
+    return 2.0**int(match.group(1)) if match else float(text)
+  except (ValueError, OverflowError):
+    pass
+  raise ValueError(f'expected a number or a power of two such as 2**-18 or '
+                   f'2^-18, but got {text!r}')
+
+
+def power_of_two_exponent(value: float) -> Optional[int]:
+  """`e` if `value` is `2**e` for an integer `e`, else None."""
+  if not 0 < value < float('inf'):
+    return None
+  mantissa, exponent = math.frexp(value)
+  return exponent - 1 if mantissa == 0.5 else None
+
+
+def format_number(value: float) -> str:
+  """Writes `value` as `parse_number` reads it: `2**-18`, `2**15`, `0.1`.
+
+  Powers of two from 1 to 8 stay plain numbers.
+  """
+  exponent = power_of_two_exponent(value)
+  if exponent is None or 0 <= exponent <= 3:
+    return f'{value:g}'
+  return f'2**{exponent}'

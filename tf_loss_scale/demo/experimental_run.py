@@ -4,8 +4,9 @@ The loop is the one TF 2.3's mixed precision guide taught:
 `get_scaled_loss`, `get_unscaled_gradients`, `apply_gradients`.
 """
 
+import os
 import time
-from typing import TextIO
+from typing import Optional, TextIO
 
 import keras
 import numpy as np
@@ -20,11 +21,14 @@ from tf_loss_scale.demo import record
 from tf_loss_scale.demo import results as results_lib
 from tf_loss_scale.keras import experimental
 
+CHECKPOINT_PREFIX = 'scaled'
+
 
 def train(kind: str, name: str, config: config_lib.DemoConfig,
           digits: data_lib.Digits, batches: np.ndarray, log_dir: str,
+          checkpoint_dir: Optional[str],
           stream: TextIO) -> results_lib.RunResult:
-  """Trains and evaluates one run in a custom training loop.
+  """Trains and evaluates one run in a custom loop; saves a `tf.train.Checkpoint`.
 
   The arguments and result are those of every API module (see
   `tf_loss_scale.demo`).
@@ -44,7 +48,7 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
     # variable creation under a strategy would need its inputs twice.
     optimizer.build(model.trainable_variables)
   per_example_loss = keras.losses.SparseCategoricalCrossentropy(
-      reduction=None)
+      reduction='none')
 
   def replica_step(x, y):
     with tf.GradientTape() as tape:
@@ -84,4 +88,9 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
       recorder.step(step, loss)
   wall_time = time.perf_counter() - start
   writer.close()
-  return recorder.finish(keras_run.test_accuracy(model, digits), wall_time)
+  checkpoint = None
+  if checkpoint_dir:
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer).save(
+        os.path.join(checkpoint_dir, CHECKPOINT_PREFIX))
+  return recorder.finish(keras_run.test_accuracy(model, digits), wall_time,
+                         checkpoint)

@@ -6,6 +6,7 @@ and the gradient probe.
 
 import contextlib
 import functools
+import os
 import time
 from typing import Optional, TextIO
 
@@ -20,7 +21,7 @@ from tf_loss_scale.demo import measure
 from tf_loss_scale.demo import record
 from tf_loss_scale.demo import results as results_lib
 
-_PROBE_EXAMPLES = 512
+CHECKPOINT_FILE = 'scaled.keras'
 
 
 @functools.lru_cache(maxsize=1)
@@ -77,8 +78,8 @@ def make_probe(kind: str, model: keras.Model, config: config_lib.DemoConfig,
   if kind == config_lib.FLOAT32:
     return None
   reference = build_model(config_lib.FLOAT32, config)
-  x = tf.constant(digits.x_train[:_PROBE_EXAMPLES])
-  y = tf.constant(digits.y_train[:_PROBE_EXAMPLES])
+  x = tf.constant(digits.x_train[:config_lib.PROBE_EXAMPLES])
+  y = tf.constant(digits.y_train[:config_lib.PROBE_EXAMPLES])
   loss_fn = keras.losses.SparseCategoricalCrossentropy()
   # Probes run after training steps, once the optimizer holds its state.
   scaled = kind == config_lib.SCALED
@@ -113,8 +114,9 @@ def test_accuracy(model: keras.Model, digits: data_lib.Digits) -> float:
 
 def train(kind: str, name: str, config: config_lib.DemoConfig,
           digits: data_lib.Digits, batches: np.ndarray, log_dir: str,
+          checkpoint_dir: Optional[str],
           stream: TextIO) -> results_lib.RunResult:
-  """Trains and evaluates one run with `model.fit`.
+  """Trains and evaluates one run with `model.fit`; saves a `.keras` file.
 
   The arguments and result are those of every API module (see
   `tf_loss_scale.demo`).
@@ -124,6 +126,7 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
     optimizer = keras.optimizers.SGD(
         config.learning_rate / config.loss_weight, momentum=0.9)
     if kind == config_lib.SCALED:
+      # Imported here: the custom-loop run shares this module without it.
       from tf_loss_scale.keras import LossScaleOptimizer  # pylint: disable=g-import-not-at-top
       optimizer = LossScaleOptimizer(optimizer,
                                      initial_scale=config.initial_scale,
@@ -132,7 +135,7 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
     # LossScaleOptimizer; the run without scaling must stay unscaled.
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(),
-                  loss_weights=[config.loss_weight], auto_scale_loss=False)
+                  loss_weights=config.loss_weight, auto_scale_loss=False)
   recorder = record.Recorder(
       name, config, log_dir, stream,
       make_probe(kind, model, config, digits, optimizer))
@@ -145,7 +148,12 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
             batch_size=config.batch_size, epochs=1, shuffle=False, verbose=0,
             callbacks=callbacks)
   wall_time = time.perf_counter() - start
-  return recorder.finish(test_accuracy(model, digits), wall_time)
+  checkpoint = None
+  if checkpoint_dir:
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    checkpoint = os.path.join(checkpoint_dir, CHECKPOINT_FILE)
+    model.save(checkpoint)
+  return recorder.finish(test_accuracy(model, digits), wall_time, checkpoint)
 
 
 class _StepsToRecorder(keras.callbacks.Callback):

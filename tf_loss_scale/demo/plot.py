@@ -3,6 +3,7 @@
 import math
 from typing import List
 
+from tf_loss_scale.demo import config as config_lib
 from tf_loss_scale.demo import measure
 from tf_loss_scale.demo import results as results_lib
 
@@ -13,16 +14,17 @@ _FLOAT16_LINES = (
 )
 
 
-def save_plot(runs: List[results_lib.RunResult], path: str, title: str) -> None:
+def save_plot(runs: List[results_lib.RunResult], path: str,
+              config: config_lib.DemoConfig) -> None:
   """Writes a PNG: loss and loss scale per step, and a gradient histogram.
 
   Args:
     runs: The runs, in the order of `results.RUN_NAMES`; every run's loss is
       drawn, the loss scale of each run that had one with its skipped steps
-      marked, and the scaled run's gradient histogram, unscaled and shifted
-      by its final loss scale.
+      marked, and the histogram of the gradients of a float32 copy of the
+      scaled run, as computed and times its final loss scale.
     path: The PNG file to write.
-    title: The figure's title.
+    config: The settings the runs were made with (the API resolved).
   """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
@@ -35,8 +37,8 @@ def save_plot(runs: List[results_lib.RunResult], path: str, title: str) -> None:
   histogram_axes = figure.add_subplot(grid[:, 1])
   _draw_losses(loss_axes, runs)
   _draw_scales(scale_axes, runs)
-  _draw_histogram(histogram_axes, runs[-1])
-  figure.suptitle(title, fontsize=10)
+  _draw_histogram(histogram_axes, runs[-1], config.probe_every)
+  figure.suptitle(_title(config), fontsize=10)
   figure.tight_layout()
   figure.savefig(path, dpi=100)
   pyplot.close(figure)
@@ -67,15 +69,32 @@ def _draw_scales(axes, runs):
   axes.legend()
 
 
-def _draw_histogram(axes, run):
+def _title(config: config_lib.DemoConfig) -> str:
+  return (f'8x8 digits MLP, {config.api} API, strategy {config.strategy}, '
+          f'batch {config.batch_size}, loss weight '
+          f'{_math_number(config.loss_weight)}; dynamic scale from '
+          f'{_math_number(config.initial_scale)}, $\\times$2 after '
+          f'{config.growth_steps} good steps')
+
+
+def _math_number(value: float) -> str:
+  """A power of two as 2 with a superscript, as the axes write them."""
+  text = config_lib.format_number(value)
+  if text.startswith('2**'):
+    return f'2$^{{{text[3:]}}}$'
+  return text
+
+
+def _draw_histogram(axes, run, probe_every):
   """log2 |g| of a float32 copy's gradients, as is and times the loss scale."""
   counts = run.gradient_histogram
   edges = measure.LOG2_EDGES
   shift = math.log2(run.final_scale) if run.final_scale else 0.0
   total = max(int(counts.sum()), 1)
   for offset, color, label in (
-      (0.0, 'C1', 'as computed (no loss scale)'),
-      (shift, 'C2', f'times the final loss scale 2$^{{{shift:g}}}$')):
+      (0.0, 'C1', 'float32 copy, no loss scale'),
+      (shift, 'C2', 'float32 copy times the final loss scale '
+       f'{_math_number(2.0**shift)}')):
     flushed = measure.share_below(counts, measure.SMALLEST_SUBNORMAL_LOG2,
                                   offset)
     axes.stairs(100 * counts / total, edges + offset, fill=True, alpha=0.45,
@@ -95,6 +114,9 @@ def _draw_histogram(axes, run):
                   va='top', fontsize=8)
   axes.set_xlabel('log$_2$ |gradient value|')
   axes.set_ylabel('% of non-zero gradient values')
-  axes.set_title('gradients of a float32 copy of the scaled run, over all '
-                 'probes', fontsize=9)
-  axes.legend(loc='upper right', fontsize=8, bbox_to_anchor=(1.0, 0.8))
+  axes.set_title(
+      'gradients of a float32 copy of the scaled run (same weights),\non a '
+      f'fixed batch of {config_lib.PROBE_EXAMPLES} images every '
+      f'{probe_every} steps', fontsize=9)
+  # Below the axes, clear of the threshold labels at the top.
+  axes.legend(loc='upper center', bbox_to_anchor=(0.5, -0.1), fontsize=8)

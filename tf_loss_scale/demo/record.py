@@ -62,8 +62,8 @@ class Recorder:
       self._histogram += measure.log2_histogram(values)
     self._bar.update(step + 1)
 
-  def finish(self, test_accuracy: float,
-             wall_time: float) -> results_lib.RunResult:
+  def finish(self, test_accuracy: float, wall_time: float,
+             checkpoint: Optional[str] = None) -> results_lib.RunResult:
     """Ends the progress bar, writes the losses and returns the results.
 
     Call it eagerly (outside a TF1 graph): the TensorBoard writer is
@@ -72,6 +72,7 @@ class Recorder:
     Args:
       test_accuracy: The trained model's accuracy on the test set.
       wall_time: Seconds spent training.
+      checkpoint: Where the run saved its model and optimizer, if it did.
 
     Returns:
       The run's `RunResult`.
@@ -89,4 +90,5 @@ class Recorder:
         flushed_fraction=(self._flushed / max(self._nonzero, 1)
                           if probed else None),
         gradient_histogram=self._histogram if probed else None,
-        test_accuracy=test_accuracy, wall_time=wall_time)
+        test_accuracy=test_accuracy, wall_time=wall_time,
+        checkpoint=checkpoint)

@@ -1,9 +1,14 @@
-"""Text output of the demo: a progress bar per run and the results table."""
+"""Text output of the demo: progress bars, the results table and the commands to look further."""
 
+import importlib.util
+import os
+import shlex
+import shutil
 import sys
 import time
 from typing import List, Optional, TextIO
 
+from tf_loss_scale.demo import config as config_lib
 from tf_loss_scale.demo import results as results_lib
 
 _BAR_WIDTH = 30
@@ -49,12 +54,14 @@ class ProgressBar:
     self._stream.flush()
 
 
-def format_table(runs: List[results_lib.RunResult], loss_window: int) -> str:
+def format_table(runs: List[results_lib.RunResult], loss_window: int,
+                 probe_every: int) -> str:
   """Lays out the results of the runs as a text table.
 
   Args:
     runs: The runs, in order.
     loss_window: How many final steps the reported loss is averaged over.
+    probe_every: Steps between two measurements of flushed gradients.
 
   Returns:
     The table, with a header line and a short legend, without a final newline.
@@ -84,8 +91,58 @@ def format_table(runs: List[results_lib.RunResult], loss_window: int) -> str:
   legend = (
       f'final loss: mean training cross-entropy (unweighted) over the last '
       f'{loss_window} steps. '
-      'fp16 grads flushed: share of gradient values that are non-zero in '
-      'float32 but exactly zero after float16, averaged over probes of the '
-      'same weights during training.')
+      'fp16 grads flushed: share of gradient values that are non-zero in a '
+      'float32 copy of the model but exactly zero in float16, measured on the '
+      f'same weights and a fixed batch of {config_lib.PROBE_EXAMPLES} '
+      f'training images every {probe_every} steps.')
   return '\n'.join([line(headers), line(['-' * w for w in widths])] +
                    [line(row) for row in rows] + ['', legend])
+
+
+def commands(checkpoint: Optional[str], tensorboard_dir: str) -> str:
+  """The commands that look further into the demo's output, one per line.
+
+  Each runs with this interpreter's environment as it is: a command of a
+  package that is not installed is preceded by the command that installs it.
+
+  Args:
+    checkpoint: The scaled run's checkpoint, or None if none was saved.
+    tensorboard_dir: The directory of the TensorBoard event files.
+
+  Returns:
+    The lines, each ending with a newline.
+  """
+  lines = []
+  if checkpoint:
+    lines.append("Loss scale in the scaled run's checkpoint: " +
+                 command('tf-loss-scale', 'tf_loss_scale', 'inspect',
+                         checkpoint))
+  view = command('tensorboard', 'tensorboard.main', '--logdir',
+                 tensorboard_dir)
+  if importlib.util.find_spec('tensorboard') is None:
+    install = shlex.join([sys.executable, '-m', 'pip', 'install',
+                          'tensorboard'])
+    lines.append(f'TensorBoard event files: {tensorboard_dir} (TensorBoard '
+                 f'is not installed: {install}, then {view})')
+  else:
+    lines.append(f'TensorBoard: {view}')
+  return ''.join(line + '\n' for line in lines)
+
+
+def command(script: str, module: str, *args: str) -> str:
+  """A shell command that runs `module` in this interpreter's environment.
+
+  Args:
+    script: The module's console script, used when it is installed next to
+      this interpreter and found first on the PATH.
+    module: The module to run with `python -m` otherwise.
+    *args: The command's arguments.
+
+  Returns:
+    The command line, quoted for a POSIX shell.
+  """
+  found = shutil.which(script)
+  here = os.path.abspath(os.path.dirname(sys.executable))
+  if found and os.path.abspath(os.path.dirname(found)) == here:
+    return shlex.join([script, *args])
+  return shlex.join([sys.executable, '-m', module, *args])

@@ -2,9 +2,15 @@
 
 import dataclasses
 import json
+import os
+import platform
+import sys
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+
+from tf_loss_scale.demo import config as config_lib
+from tf_loss_scale.demo import onednn
 
 RUN_NAMES = ('float32', 'mixed_float16, no loss scaling',
              'mixed_float16, dynamic loss scale')
@@ -29,6 +35,8 @@ class RunResult:
       gradient values per bin of `measure.LOG2_EDGES`; None for float32.
     test_accuracy: Accuracy on the test set after training.
     wall_time: Seconds spent training, probes included.
+    checkpoint: The checkpoint the run saved its model and optimizer to
+      (what `tf-loss-scale inspect` reads), or None.
   """
   name: str
   losses: List[float]
@@ -38,6 +46,7 @@ class RunResult:
   gradient_histogram: Optional[np.ndarray]
   test_accuracy: float
   wall_time: float
+  checkpoint: Optional[str] = None
 
   @property
   def skipped_steps(self) -> int:
@@ -62,12 +71,63 @@ class RunResult:
         'skipped_steps': self.skipped_steps,
         'final_scale': self.final_scale,
         'seconds': self.wall_time,
+        'checkpoint': self.checkpoint,
     }
 
 
-def write_json(runs: List[RunResult], path: str) -> None:
-  """Writes results.json: one `RunResult.summary` per key of `RESULT_KEYS`."""
+def settings(config: config_lib.DemoConfig) -> Dict[str, Any]:
+  """The settings that shape the runs' numbers (not where files go)."""
+  return {field.name: getattr(config, field.name)
+          for field in dataclasses.fields(config)
+          if field.name not in ('out', 'verbose')}
+
+
+def environment() -> Dict[str, Any]:
+  """The versions and switches a run's numbers and speed depend on.
+
+  Call it once TensorFlow is imported.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return {
+      'python': platform.python_version(),
+      'tensorflow': tf.__version__,
+      'keras': _version_of('keras'),
+      'tf_keras': _version_of('tf_keras'),
+      'TF_USE_LEGACY_KERAS': os.environ.get('TF_USE_LEGACY_KERAS'),
+      onednn.ENV: os.environ.get(onednn.ENV),
+      'accelerator_visible': onednn.accelerator_visible(),
+      'platform': platform.platform(),
+  }
+
+
+def write_json(runs: List[RunResult], path: str,
+               run_settings: Dict[str, Any],
+               run_environment: Dict[str, Any]) -> None:
+  """Writes results.json.
+
+  Args:
+    runs: The runs, in the order of `RUN_NAMES`.
+    path: The file to write.
+    run_settings: What `settings` returned, with the API that ran.
+    run_environment: What `environment` returned.
+
+  The file holds `settings`, `environment` and `runs`: one
+  `RunResult.summary` per key of `RESULT_KEYS`.
+  """
   with open(path, 'w') as f:
-    json.dump({key: run.summary() for key, run in zip(RESULT_KEYS, runs)}, f,
-              indent=2)
+    json.dump({'settings': run_settings, 'environment': run_environment,
+               'runs': {key: run.summary()
+                        for key, run in zip(RESULT_KEYS, runs)}},
+              f, indent=2)
     f.write('\n')
+
+
+def _version_of(module: str) -> Optional[str]:
+  """The version of an imported module, or of its installed distribution."""
+  if module in sys.modules:
+    return getattr(sys.modules[module], '__version__', None)
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  try:
+    return metadata.version(module)
+  except metadata.PackageNotFoundError:
+    return None

@@ -1,5 +1,6 @@
 """One demo run as TF1 code: a graph, a session and `MixedPrecisionLossScaleOptimizer`."""
 
+import os
 import time
 from typing import List, Optional, TextIO
 
@@ -14,11 +15,14 @@ from tf_loss_scale.demo import measure
 from tf_loss_scale.demo import record
 from tf_loss_scale.demo import results as results_lib
 
+CHECKPOINT_PREFIX = 'scaled'
+
 
 def train(kind: str, name: str, config: config_lib.DemoConfig,
           digits: data_lib.Digits, batches: np.ndarray, log_dir: str,
+          checkpoint_dir: Optional[str],
           stream: TextIO) -> results_lib.RunResult:
-  """Trains and evaluates one run in a fresh graph.
+  """Trains and evaluates one run in a fresh graph; saves with a `Saver`.
 
   The arguments and result are those of every API module (see
   `tf_loss_scale.demo`).
@@ -61,6 +65,7 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
     accuracy = tf.reduce_mean(tf.cast(tf.equal(predictions, digits.y_test),
                                       tf.float32))
 
+    saver = tf.compat.v1.train.Saver() if checkpoint_dir else None
     hooks = []
     if kind == config_lib.SCALED:
       hook = monitoring.LossScaleHook(optimizer, output_dir=log_dir,
@@ -85,8 +90,13 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
           recorder.step(step, step_loss)
       wall_time = time.perf_counter() - start
       test_accuracy = float(_run_without_hooks(session, accuracy))
+      checkpoint = None
+      if saver:
+        checkpoint = session.run_step_fn(lambda step_context: saver.save(
+            step_context.session, os.path.join(checkpoint_dir,
+                                               CHECKPOINT_PREFIX)))
   # Out of the graph: the recorder writes its event file eagerly.
-  return recorder.finish(test_accuracy, wall_time)
+  return recorder.finish(test_accuracy, wall_time, checkpoint)
 
 
 def _make_params(hidden: int, seed: int) -> List[tf.Variable]:
@@ -125,8 +135,8 @@ def _probe(params: List[tf.Variable], digits: data_lib.Digits,
            optimizer: tf.compat.v1.train.Optimizer, dtype: tf.DType,
            loss_weight: float) -> List[tf.Tensor]:
   """Fetches for `record.Probe`, on a fixed batch at the current weights."""
-  x = tf.constant(digits.x_train[:512])
-  y = tf.constant(digits.y_train[:512])
+  x = tf.constant(digits.x_train[:config_lib.PROBE_EXAMPLES])
+  y = tf.constant(digits.y_train[:config_lib.PROBE_EXAMPLES])
   scale: Optional[tf.Tensor] = None
   if isinstance(optimizer, tf_loss_scale.MixedPrecisionLossScaleOptimizer):
     scale = optimizer.loss_scale()

@@ -6,6 +6,14 @@ create the state, so the variables are the `keras.Variable`s Keras's files,
 state trees and checkpoints expect. The computation is this library's: the
 step (`tf_loss_scale.step`), the update rule (`next_dynamic_state`) and the
 finite check (`tf_loss_scale.gradients`).
+
+Keras 3.3.3 (the Keras of TensorFlow 2.16) and later are supported. Where
+Keras's own class changed between those releases (`keras3_support`), this
+class follows the Keras it runs on (its variables, `get_config`,
+`iterations`, messages), except in two places where the older class lost a
+user's setting silently: base optimizer arguments are refused and the inner
+optimizer's `loss_scale_factor` is cleared on every release, as Keras does
+from 3.12 and 3.10 on.
 """
 
 import math
@@ -22,11 +30,57 @@ from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
+# First: refuses an unsupported Keras before anything subclasses Keras 3's.
+from tf_loss_scale.keras import keras3_support
 from tf_loss_scale.keras import ownership
 from tf_loss_scale.keras import wrapping
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
+
+
+# The base optimizer's arguments and the values at which they do nothing:
+# the only values a loss scale optimizer accepts (old configs hold them).
+_BASE_OPTIMIZER_DEFAULTS = {
+    'weight_decay': None,
+    'clipnorm': None,
+    'global_clipnorm': None,
+    'clipvalue': None,
+    'use_ema': False,
+    'ema_momentum': 0.99,
+    'ema_overwrite_frequency': None,
+    'loss_scale_factor': None,
+    'gradient_accumulation_steps': None,
+}
+
+
+def _without_base_optimizer_defaults(
+    class_name: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+  """`kwargs` less base optimizer arguments at their defaults.
+
+  Args:
+    class_name: The optimizer's class name, for messages.
+    kwargs: The keyword arguments the constructor got beyond its own.
+
+  Returns:
+    What remains for Keras's constructor (`dynamic`, if given).
+
+  Raises:
+    ValueError: With Keras's wording, for a base optimizer argument with
+      another value (it would be ignored) or an unknown argument.
+  """
+  for name, default in _BASE_OPTIMIZER_DEFAULTS.items():
+    if name in kwargs and not (kwargs[name] is default or
+                               kwargs[name] == default):
+      raise ValueError(
+          f'{class_name} does not support `{name}`. Instead, set `{name}` '
+          'on the `inner_optimizer`.')
+  unknown = [name for name in kwargs
+             if name not in _BASE_OPTIMIZER_DEFAULTS and name != 'dynamic']
+  if unknown:
+    raise ValueError(
+        f'{class_name} does not support arguments: `{"`, `".join(unknown)}`.')
+  return {name: value for name, value in kwargs.items() if name == 'dynamic'}
 
 
 @keras.saving.register_keras_serializable(
@@ -96,8 +150,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     wrapping.check_inner_optimizer(inner_optimizer)
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
     distribute.check_strategy_supported(f'{type(self).__name__}()')
+    # Base optimizer arguments: refused on every Keras release.
+    kwargs = _without_base_optimizer_defaults(type(self).__name__, kwargs)
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
                      name=name, **kwargs)
+    # The wrapper scales the loss; a factor left on the inner optimizer would
+    # divide the gradients again.
+    inner_optimizer.loss_scale_factor = None
     ownership.remember_wrapper(inner_optimizer, self)
     precision.warn_if_scaling_is_not_needed(
         keras.mixed_precision.global_policy().compute_dtype,
@@ -114,6 +173,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       var_list: The trainable variables this optimizer will update.
     """
     super().build(var_list)
+    if not keras3_support.CLASS_RUNS_BASE_BUILD:
+      # What Keras's class does from 3.12 on: the base optimizer records the
+      # variables (for `apply(grads)` and `stateless_apply`). With the base
+      # arguments at their defaults it creates no variable.
+      keras.optimizers.Optimizer.build(self, var_list)
     self._monitor.create()
 
   @property
@@ -305,11 +369,16 @@ class _KerasVariablesState(step.ScaleState):
         tf.convert_to_tensor(opt.dynamic_scale),
         tf.convert_to_tensor(opt.step_counter), grads_finite,
         int(opt.dynamic_growth_steps), _MULTIPLIER)
-    return execution.op_in_graph_mode(lambda: tf.group(
-        opt.dynamic_scale.assign(new_scale),
-        opt.step_counter.assign(
-            tf.cast(new_counter, opt.step_counter.dtype)),
-        opt._monitor.record(grads_finite))), grads_finite  # pylint: disable=protected-access
+
+    def assign() -> Any:
+      # A Keras variable's assign returns no op (None in Keras 3.3, its
+      # input in later releases): the assignments run eagerly, or in
+      # program order inside a tf.function.
+      opt.dynamic_scale.assign(new_scale)
+      opt.step_counter.assign(tf.cast(new_counter, opt.step_counter.dtype))
+      return opt._monitor.record(grads_finite)  # pylint: disable=protected-access
+
+    return execution.op_in_graph_mode(assign), grads_finite
 
 
 class _SkipMonitor:
@@ -390,8 +459,9 @@ class _Scratch:
       for variable in model_variables:
         twin = keras.Variable(
             np.zeros(variable.shape, variable.dtype), dtype=variable.dtype,
-            trainable=True, name=variable.name,
-            constraint=variable.constraint)
+            trainable=True, name=variable.name)
+        # Set, not passed: Keras 3.3's Variable takes no constraint argument.
+        twin.constraint = variable.constraint
         if getattr(variable, 'overwrite_with_gradient', False):
           twin.overwrite_with_gradient = True
         scratch.append(twin)
