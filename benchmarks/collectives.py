@@ -47,7 +47,7 @@ _JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                      'collectives.json')
 
 
-def in_graph_def(graph_def: Any, replicas: int = 1) -> float:
+def in_graph_def(graph_def: Any, replicas: int = 1, sums: bool = True) -> float:
   """Cross-replica reductions one run of a graph launches, per replica.
 
   Two kinds are counted. Each op of `COLLECTIVE_OPS` is launched by every
@@ -59,6 +59,8 @@ def in_graph_def(graph_def: Any, replicas: int = 1) -> float:
   Args:
     graph_def: A `tf.compat.v1.GraphDef` with its function library.
     replicas: The replicas of this process.
+    sums: Whether to count the sums across devices; False counts collective
+      ops only (what crosses workers).
 
   Returns:
     The count: a conditional contributes its most expensive branch, a loop
@@ -77,7 +79,8 @@ def in_graph_def(graph_def: Any, replicas: int = 1) -> float:
     for node in nodes:
       if node.op in COLLECTIVE_OPS:
         total += 1 / replicas
-      elif node.op in _SUM_OPS and len(_input_devices(node, device_of)) > 1:
+      elif (sums and node.op in _SUM_OPS and
+            len(_input_devices(node, device_of)) > 1):
         total += 1
       if node.op in library:  # A function called by its name.
         total += in_function(node.op)
@@ -91,19 +94,21 @@ def in_graph_def(graph_def: Any, replicas: int = 1) -> float:
   return in_nodes(graph_def.node)
 
 
-def per_replica_step(step: Any, strategy: tf.distribute.Strategy) -> float:
+def per_replica_step(step: Any, strategy: tf.distribute.Strategy,
+                     sums: bool = True) -> float:
   """Cross-replica reductions per replica in one call of `step`.
 
   Args:
     step: A `tf.function` without arguments that runs one training step
       (usually `strategy.run(...)` inside).
     strategy: The strategy it runs under.
+    sums: As in `in_graph_def`.
 
   Returns:
     `in_graph_def` of its traced graph.
   """
   graph_def = step.get_concrete_function().graph.as_graph_def()
-  return in_graph_def(graph_def, len(strategy.extended.worker_devices))
+  return in_graph_def(graph_def, len(strategy.extended.worker_devices), sums)
 
 
 def _input_devices(node: Any, device_of: Mapping[str, str]) -> set:

@@ -14,7 +14,7 @@ Modes:
 """
 
 import dataclasses
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import keras
 import numpy as np
@@ -39,9 +39,12 @@ class Runner:
   Attributes:
     step: Runs one training step.
     values: Returns the current variable values as NumPy arrays.
+    graph_def: Returns the GraphDef of the traced step (with its function
+      library: the branches of conditionals and other called functions).
   """
   step: Callable[[], None]
   values: Callable[[], List[np.ndarray]]
+  graph_def: Callable[[], Any]
 
 
 # Optimizer factories. v1 families use `tf.compat.v1` optimizers, Keras
@@ -144,7 +147,8 @@ def _graph_runner(workload: Workload, make_optimizer) -> Runner:
   session = tf.compat.v1.Session(graph=graph)
   session.run(init_op)
   return Runner(lambda: session.run(train_op),
-                lambda: session.run(variables))
+                lambda: session.run(variables),
+                graph.as_graph_def)
 
 
 def _function_runner(workload: Workload, family: str, make_optimizer,
@@ -179,7 +183,8 @@ def _function_runner(workload: Workload, family: str, make_optimizer,
     return [np.asarray(v.numpy() if hasattr(v, 'numpy') else v)
             for v in variables]
 
-  return Runner(step, values)
+  return Runner(step, values,
+                lambda: step.get_concrete_function().graph.as_graph_def())
 
 
 def variants_of(family: str) -> Dict[str, Callable]:

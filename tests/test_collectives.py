@@ -13,6 +13,7 @@ import tensorflow as tf
 from benchmarks import collectives
 from benchmarks import variants
 from benchmarks import workloads
+import versions
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -100,6 +101,36 @@ def test_v1_and_keras3_forms_add_exactly_one_reduction_to_the_bare_one(
   }
   assert counts['bare'] >= 1, counts  # The gradients are all-reduced.
   assert counts['ours'] - counts['bare'] == 1, counts
+
+
+def test_a_sum_across_devices_is_not_a_collective_op(mirrored_strategy):
+
+  @tf.function
+  def step():
+    per_replica = mirrored_strategy.run(lambda: tf.constant(1.0))
+    return tf.add_n(mirrored_strategy.experimental_local_results(per_replica))
+
+  graph_def = step.get_concrete_function().graph.as_graph_def()
+  assert collectives.in_graph_def(graph_def, replicas=2) == 1
+  assert collectives.in_graph_def(graph_def, replicas=2, sums=False) == 0
+
+
+@pytest.mark.parametrize('family', [
+    'v1', pytest.param('keras', marks=versions.KERAS_3.mark)])
+def test_the_verdict_launches_no_collective_op_on_one_worker(
+    mirrored_strategy, family):
+  # Every replica runs in this process: their largest magnitudes are added
+  # where the verdict is taken, and only the gradients' own all-reduce (on
+  # TensorFlow 2.12-2.15 a sum on one device, not a collective op) crosses
+  # devices through collective ops.
+  counts = {
+      variant: collectives.per_replica_step(
+          variants.build('mirrored', family, variant,
+                         workloads.WORKLOADS['cnn'], mirrored_strategy).step,
+          mirrored_strategy, sums=False)
+      for variant in ('bare', 'ours')
+  }
+  assert counts['ours'] == counts['bare'], counts
 
 
 @pytest.mark.parametrize('op', ['CollectiveReduceV2', 'CollectiveGatherV2',

@@ -46,18 +46,47 @@ def test_all_finite_on_every_replica_without_a_strategy():
     ((1.0, INF), False),
     ((NAN, 1.0), False),
     ((-INF, NAN), False),
+    ((1.0, -NAN), False),
     # Each finite, but their float32 sum (6e38) overflows: the sum that an
     # optimizer applies is what counts.
     ((3e38, 3e38), False),
+    ((-3e38, -3e38), False),
     ((1.5e38, 1.5e38), True),
+    ((3.4e38, 1.0), True),
 ])
+@pytest.mark.parametrize('in_function', [False, True],
+                         ids=['eager', 'function'])
 def test_all_finite_on_every_replica_sees_each_replica(mirrored_strategy,
-                                                       values, expected):
+                                                       values, expected,
+                                                       in_function):
   grads = _per_replica(mirrored_strategy, values)
+  verdict_of = distribute.all_finite_on_every_replica
+  if in_function:
+    verdict_of = tf.function(verdict_of)
   with mirrored_strategy.scope():
-    verdict = distribute.all_finite_on_every_replica(grads)
+    verdict = verdict_of(grads)
   assert verdict.dtype == tf.bool
-  assert bool(verdict) is expected, f'replica values {values}'
+  assert bool(verdict) is expected, (
+      f'replica values {values}, {"in a tf.function" if in_function else "eagerly"}')
+
+
+@pytest.mark.parametrize('values,expected', [
+    ((1e308, 1e308), False),
+    ((8e307, 8e307), True),
+    ((1.0, NAN), False),
+])
+@pytest.mark.parametrize('in_function', [False, True],
+                         ids=['eager', 'function'])
+def test_all_finite_on_every_replica_sees_a_float64_sum_overflow(
+    mirrored_strategy, values, expected, in_function):
+  grads = mirrored_strategy.experimental_distribute_values_from_function(
+      lambda context: [tf.constant(
+          [values[context.replica_id_in_sync_group], 1.0], tf.float64)])
+  verdict_of = distribute.all_finite_on_every_replica
+  if in_function:
+    verdict_of = tf.function(verdict_of)
+  with mirrored_strategy.scope():
+    assert bool(verdict_of(grads)) is expected, f'replica values {values}'
 
 
 def test_all_finite_on_every_replica_in_a_function(mirrored_strategy):
@@ -107,6 +136,21 @@ def test_all_reduce_in_replica_sums_once_and_keeps_none(mirrored_strategy):
   for replica, value in enumerate(_local(mirrored_strategy, reduced)):
     np.testing.assert_array_equal(value, [3.0, 30.0],
                                   err_msg=f'replica {replica}')
+
+
+@pytest.mark.parametrize('bad,in_function', [
+    (3e38, False), (3e38, True), (NAN, True), (-INF, True)])
+def test_all_finite_in_any_context_sees_a_sum_overflow_in_a_replica_context(
+    mirrored_strategy, bad, in_function):
+
+  def replica_verdict():
+    grad = tf.constant([bad, 1.0])
+    return distribute.all_finite_in_any_context([grad, None])
+
+  run = lambda: mirrored_strategy.run(replica_verdict)
+  if in_function:
+    run = tf.function(run)
+  assert _local(mirrored_strategy, run()) == [False, False], bad
 
 
 def test_all_finite_in_any_context_agrees_across_replicas(mirrored_strategy):

@@ -10,11 +10,13 @@ INF, NAN = np.inf, np.nan
 
 
 def _in_mode(mode, fn):
-  """Runs `fn()` eagerly, in a tf.function or in a TF1 session; numpy out."""
+  """Runs `fn()` eagerly, in a tf.function (XLA-compiled for 'jit') or in a
+  TF1 session; numpy out."""
   if mode == 'eager':
     return tf.nest.map_structure(lambda t: t.numpy(), fn())
-  if mode == 'function':
-    return tf.nest.map_structure(lambda t: t.numpy(), tf.function(fn)())
+  if mode in ('function', 'jit'):
+    compiled = tf.function(fn, jit_compile=(mode == 'jit'))
+    return tf.nest.map_structure(lambda t: t.numpy(), compiled())
   with tf.Graph().as_default(), tf.compat.v1.Session() as session:
     return session.run(fn())
 
@@ -254,6 +256,98 @@ def test_all_finite_in_a_function_retraces_nothing_per_value():
   assert bool(concrete([tf.constant([3e38, 3e38])]))
   assert not bool(concrete([tf.constant([3e38, INF])]))
   assert not bool(concrete([tf.constant([NAN, 0.0])]))
+
+
+# --- largest_magnitudes ---------------------------------------------------------
+
+F16_MAX, BF16_MAX = 65504.0, float(tf.bfloat16.max)
+F32_MAX, F64_MAX = float(np.finfo(np.float32).max), float(np.finfo(np.float64).max)
+
+
+@pytest.mark.parametrize('values,dtype,expected', [
+    ([0.0, -0.0], np.float32, 0.0),
+    ([1.5, -2.25, 0.5], np.float32, 2.25),
+    ([-F32_MAX, 1.0], np.float32, F32_MAX),
+    ([F32_MAX, INF], np.float32, INF),
+    ([-INF, 1.0], np.float32, INF),
+    ([NAN, 1.0], np.float32, INF),
+    ([1.0, -NAN], np.float32, INF),
+    ([NAN, INF, -INF], np.float32, INF),
+    ([-F16_MAX, 2.0], np.float16, F16_MAX),
+    ([1.0, NAN], np.float16, INF),
+    ([-INF], np.float16, INF),
+    ([-2.0**127, 1.0], 'bfloat16', 2.0**127),
+    ([BF16_MAX], 'bfloat16', BF16_MAX),
+    ([-NAN], 'bfloat16', INF),
+    ([INF], 'bfloat16', INF),
+    ([F64_MAX, -1e300], np.float64, F64_MAX),
+    ([1.0, NAN], np.float64, INF),
+    ([-INF], np.float64, INF),
+])
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
+def test_largest_magnitudes_is_exact_on_every_special_value(values, dtype,
+                                                            expected, mode):
+  tf_dtype = tf.bfloat16 if dtype == 'bfloat16' else tf.as_dtype(dtype)
+
+  def largest():
+    return gradients.largest_magnitudes(
+        [tf.cast(tf.constant(values, tf.float64), tf_dtype)])
+
+  result = _in_mode(mode, largest)
+  assert result.dtype == np.float64 and result.shape == (1,)
+  assert result[0] == expected, (
+      f'{mode}: {tf_dtype.name} {values} gave {result[0]!r}, '
+      f'expected {expected!r}')
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
+def test_largest_magnitudes_has_one_entry_per_dtype_in_name_order(mode):
+
+  def largest():
+    return gradients.largest_magnitudes({
+        'w': tf.constant([[1.0, -7.0]]),
+        'b': None,
+        'half': tf.constant([3.0], tf.float16),
+        'sparse': tf.IndexedSlices(tf.constant([[-9.0], [2.0]]),
+                                   tf.constant([0, 3]), tf.constant([5, 1])),
+        'half_bad': tf.constant([1.0, INF], tf.float16),
+        'empty': tf.zeros([0], tf.float64),
+    })
+
+  np.testing.assert_array_equal(_in_mode(mode, largest), [INF, 9.0, 0.0])
+
+
+def test_gradient_dtypes_is_the_order_of_largest_magnitudes():
+  grads = [tf.constant(1.0, tf.float64), None, tf.constant(2.0),
+           tf.constant(3.0, tf.bfloat16), tf.constant(4.0)]
+  assert gradients.gradient_dtypes(grads) == (tf.bfloat16, tf.float32,
+                                              tf.float64)
+  np.testing.assert_array_equal(gradients.largest_magnitudes(grads),
+                                [3.0, 4.0, 1.0])
+  assert gradients.gradient_dtypes([None]) == ()
+  assert gradients.largest_magnitudes([None]).shape == (0,)
+
+
+def test_largest_magnitudes_refuses_a_non_float_gradient():
+  with pytest.raises(TypeError, match='float16, bfloat16, float32 or float64'
+                     '.*int32'):
+    gradients.largest_magnitudes([tf.constant([1, 2])])
+
+
+def test_largest_magnitudes_reads_each_gradient_in_one_reduction():
+  with tf.Graph().as_default() as graph:
+    grads = [tf.compat.v1.placeholder(tf.float32, [None, 3]) for _ in range(4)]
+    grads.append(tf.compat.v1.placeholder(tf.float16, [7]))
+    before = {op.name for op in graph.get_operations()}
+    gradients.largest_magnitudes(grads)
+    added = [op for op in graph.get_operations() if op.name not in before]
+  readers = {g.name: [op.type for op in g.consumers()] for g in grads}
+  assert all(types == ['Abs'] for types in readers.values()), readers
+  types = [op.type for op in added]
+  # One reduction per gradient, and one per dtype over the per-gradient
+  # results; no finite check besides.
+  assert types.count('Max') == 5 + 1, types
+  assert 'IsFinite' not in types and 'If' not in types, types
 
 
 # --- dense_values -------------------------------------------------------------

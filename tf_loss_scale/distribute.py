@@ -20,9 +20,12 @@ def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
   Outside any strategy this is `gradients.all_finite(grads)`. Under a strategy
   it must run in the cross-replica context, where `grads` are each replica's
   own gradients (per-replica values) that the optimizer will all-reduce when
-  it applies them. One scalar is reduced across replicas (and workers), as
-  described in `sum_stays_finite_in_replica`, so an overflow on any replica,
-  or one that only the sum would make, is seen by all.
+  it applies them. Each replica reads each of its gradients once
+  (`gradients.largest_magnitudes`), and the replicas' largest magnitudes are
+  added up, as described in `_sums_fit`: an overflow on any replica, or one
+  that only the sum would make, is seen by all. When every replica runs in
+  this process they are added here, with no collective op; across workers
+  one small vector (one entry per gradient dtype) is all-reduced.
 
   Args:
     grads: A nested structure of gradients, possibly per-replica values.
@@ -37,18 +40,25 @@ def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
     return gradients.all_finite(grads)
   require_cross_replica_context('Deciding whether gradients are finite')
   strategy = tf.distribute.get_strategy()
-  shares = strategy.extended.call_for_each_replica(_share_of_largest_sum,
-                                                  args=(grads,))
-  return _sum_fits(
-      strategy.reduce(tf.distribute.ReduceOp.SUM, shares, axis=None))
+  dtypes = gradients.gradient_dtypes(first_replica_value(grads))
+  if not dtypes:
+    return tf.constant(True)
+  magnitudes = strategy.extended.call_for_each_replica(
+      gradients.largest_magnitudes, args=(grads,))
+  local = strategy.experimental_local_results(magnitudes)
+  if len(local) == strategy.num_replicas_in_sync:
+    total = tf.add_n(list(local))
+  else:
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, magnitudes, axis=None)
+  return _sums_fit(total, dtypes)
 
 
 def all_finite_in_any_context(grads: Any) -> tf.Tensor:
   """`all_finite_on_every_replica`, callable from a replica context too.
 
-  In a replica context (inside `strategy.run`) each replica computes its
-  share of the bound and the shares are all-reduced, so every replica gets
-  the same answer without a merge_call.
+  In a replica context (inside `strategy.run`) each replica reads its own
+  gradients and their largest magnitudes are all-reduced, so every replica
+  gets the same answer without a merge_call.
 
   Args:
     grads: A nested structure of gradients (per-replica values only in the
@@ -59,9 +69,12 @@ def all_finite_in_any_context(grads: Any) -> tf.Tensor:
   """
   if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
     return all_finite_on_every_replica(grads)
+  dtypes = gradients.gradient_dtypes(grads)
+  if not dtypes:
+    return tf.constant(True)
   total = tf.distribute.get_replica_context().all_reduce(
-      tf.distribute.ReduceOp.SUM, _share_of_largest_sum(grads))
-  return _sum_fits(total)
+      tf.distribute.ReduceOp.SUM, gradients.largest_magnitudes(grads))
+  return _sums_fit(total, dtypes)
 
 
 def all_reduce_in_replica(grads: Sequence[Any]) -> List[Any]:
@@ -218,35 +231,26 @@ def apply_on_every_replica_if(
   return tf.cond(should_apply, apply_side, skip_side)
 
 
-def _share_of_largest_sum(grads: Any) -> tf.Tensor:
-  """One replica's share of a bound on how large the summed gradients get.
+def _sums_fit(total: tf.Tensor, dtypes: Sequence[tf.DType]) -> tf.Tensor:
+  """Whether no sum across replicas can overflow, from the summed maxima.
 
-  The share is the largest magnitude of each gradient divided by the largest
-  finite value of its dtype, maximised over the gradients (inf when any
-  value is inf or NaN). Elementwise, |sum over replicas| <= sum of the
-  replicas' largest magnitudes, so when the shares add up to at most 1 no
-  sum (nor any partial sum, in any reduction order) can overflow. The bound
-  is conservative only when the replicas' largest magnitudes together pass
-  their dtype's largest value, which for float32 gradients never happens in
-  practice and for float16 ones means gradients near 32768 on two replicas.
+  `total` holds, per dtype, the replicas' largest magnitudes added up
+  (float64, exact). Elementwise, |sum over replicas| <= that total, so when
+  it stays within the dtype's largest value no sum (nor any partial sum, in
+  any order of reduction) overflows. The bound is conservative only when the
+  replicas' largest magnitudes together pass that value, which for float32
+  gradients never happens in practice and for float16 ones means gradients
+  near 32768 on two replicas. The comparison is in float64 against constants
+  that are normal numbers: dividing by a dtype's largest value would not be,
+  as TensorFlow rewrites a division by a constant into a multiplication by
+  its reciprocal, and the reciprocal of float32's largest value is
+  subnormal, which TensorFlow's threads flush to zero.
   """
-  values = gradients.dense_values(grads)
-  if not values:
-    return tf.constant(0.0)
-  # Divided in float32: a float16 quotient would round by up to 2**-11.
-  shares = [
-      tf.cast(tf.reduce_max(tf.abs(v)), tf.float32) / v.dtype.max
-      for v in values
-  ]
-  return tf.where(gradients.all_finite(values),
-                  tf.reduce_max(tf.stack(shares)), float('inf'))
-
-
-def _sum_fits(total: tf.Tensor) -> tf.Tensor:
-  # The shares are float32 roundings; the margin keeps the bound safe for
-  # float32 gradients too, whose overflow threshold is within 2**-25 of
-  # their largest value.
-  return tf.less_equal(total, 1.0 - 2.0**-20)
+  # The margin covers the roundings of a reduction of many replicas'
+  # gradients in their own precision.
+  limits = tf.constant([dtype.max * (1.0 - 2.0**-20) for dtype in dtypes],
+                       tf.float64)
+  return tf.reduce_all(tf.less_equal(total, limits))
 
 
 def _one_side_runs(

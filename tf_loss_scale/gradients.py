@@ -6,7 +6,7 @@ A gradient may be a dense tensor, a `tf.IndexedSlices` (kept sparse) or `None`
 (kept as `None` and otherwise ignored).
 """
 
-from typing import Any, Callable, List, Union
+from typing import Any, Callable, List, Tuple, Union
 
 import tensorflow as tf
 
@@ -126,6 +126,77 @@ def dense_values(grads: Any) -> List[tf.Tensor]:
       for g in tf.nest.flatten(grads)
       if g is not None
   ]
+
+
+def gradient_dtypes(grads: Any) -> Tuple[tf.DType, ...]:
+  """The dtypes of the gradients' values, each once, in a fixed order.
+
+  Args:
+    grads: A gradient or a nested structure of gradients.
+
+  Returns:
+    A tuple of dtypes sorted by name: the order of `largest_magnitudes`.
+  """
+  return tuple(sorted({v.dtype for v in dense_values(grads)},
+                      key=lambda dtype: dtype.name))
+
+
+def largest_magnitudes(grads: Any) -> tf.Tensor:
+  """The largest magnitude among the gradients of each dtype.
+
+  One reduction per gradient, the same kernel eagerly, in a `tf.function`,
+  under XLA and in a TF1 graph: the largest bit pattern of `|g|` read as an
+  unsigned magnitude, i.e. as an integer of the same width. For values whose
+  sign is cleared, the integer order of IEEE bit patterns is the order of
+  magnitudes, and inf and NaN have the largest patterns (every NaN above
+  inf). Unlike a floating point maximum, which XLA computes without
+  propagating NaN, an integer maximum cannot lose a NaN.
+
+  Args:
+    grads: A gradient or a nested structure of gradients of float16,
+      bfloat16, float32 or float64; `None` entries are ignored and
+      `tf.IndexedSlices` are read through their values.
+
+  Returns:
+    A float64 vector with one entry per dtype of `gradient_dtypes(grads)`:
+    the largest `|value|` of that dtype's gradients (0 for empty ones), or
+    inf when any of them holds an inf or a NaN. Exact: every float16,
+    bfloat16 and float32 value is a float64 value.
+
+  Raises:
+    TypeError: If a gradient is not of a floating point dtype listed above.
+  """
+  by_dtype = {}
+  for values in dense_values(grads):
+    if values.dtype not in _BITS_OF:
+      raise TypeError(
+          f'Gradients must be float16, bfloat16, float32 or float64 to be '
+          f'checked for overflow, but got a gradient of dtype '
+          f'{values.dtype.name}.')
+    by_dtype.setdefault(values.dtype, []).append(
+        tf.reduce_max(tf.bitcast(tf.abs(values), _BITS_OF[values.dtype])))
+  if not by_dtype:
+    return tf.zeros([0], tf.float64)
+  return tf.stack([_magnitude_of(dtype, by_dtype[dtype])
+                   for dtype in gradient_dtypes(grads)])
+
+
+# A signed integer of each floating dtype's width: |x| has its sign bit
+# clear, so its bit pattern is a non-negative integer of that type.
+_BITS_OF = {tf.float16: tf.int16, tf.bfloat16: tf.int16,
+            tf.float32: tf.int32, tf.float64: tf.int64}
+
+
+def _magnitude_of(dtype: tf.DType, patterns: List[tf.Tensor]) -> tf.Tensor:
+  # The largest of the gradients' largest patterns, back as a value.
+  largest = (patterns[0] if len(patterns) == 1 else
+             tf.reduce_max(tf.stack(patterns)))
+  # An empty gradient's maximum is the integer type's lowest value.
+  largest = tf.maximum(largest, tf.zeros([], largest.dtype))
+  inf_pattern = tf.bitcast(tf.constant(float('inf'), dtype), largest.dtype)
+  return tf.where(largest < inf_pattern,
+                  tf.cast(tf.bitcast(largest, dtype), tf.float64),
+                  tf.constant(float('inf'), tf.float64))
 
 
 # DebugNumericSummaryV2's CURT_HEALTH mode (TensorDebugMode in TensorFlow's
