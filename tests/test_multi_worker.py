@@ -162,4 +162,7 @@ def test_parameter_server_strategy_is_refused_at_construction_and_apply():
                       'experimental construction', 'experimental apply']
   for line in lines:
     assert 'ValueError: ' in line, line
-    assert 'not supported under ParameterServerStrategy' in line, line
+    # TF 2.3's first words, then why and what works.
+    assert ('Loss scaling is not supported with the tf.distribute.Strategy: '
+            'ParameterServerStrategy' in line), line
+    assert 'MirroredStrategy, MultiWorkerMirroredStrategy' in line, line
