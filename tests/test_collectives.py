@@ -92,13 +92,7 @@ def test_v1_and_keras3_forms_add_exactly_one_reduction_to_the_bare_one(
     mirrored_strategy, family):
   # The verdict's one scalar: a bound on the sums, which the inner optimizer
   # computes after the verdict.
-  counts = {
-      variant: collectives.per_replica_step(
-          variants.build('mirrored', family, variant,
-                         workloads.WORKLOADS['cnn'], mirrored_strategy).step,
-          mirrored_strategy)
-      for variant in ('bare', 'ours')
-  }
+  counts = _reductions_per_step(family, mirrored_strategy)
   assert counts['bare'] >= 1, counts  # The gradients are all-reduced.
   assert counts['ours'] - counts['bare'] == 1, counts
 
@@ -123,14 +117,19 @@ def test_the_verdict_launches_no_collective_op_on_one_worker(
   # where the verdict is taken, and only the gradients' own all-reduce (on
   # TensorFlow 2.12-2.15 a sum on one device, not a collective op) crosses
   # devices through collective ops.
-  counts = {
+  counts = _reductions_per_step(family, mirrored_strategy, sums=False)
+  assert counts['ours'] == counts['bare'], counts
+
+
+def _reductions_per_step(family, strategy, sums=True):
+  """Cross-device reductions per replica in the bare and our CNN step."""
+  return {
       variant: collectives.per_replica_step(
           variants.build('mirrored', family, variant,
-                         workloads.WORKLOADS['cnn'], mirrored_strategy).step,
-          mirrored_strategy, sums=False)
+                         workloads.WORKLOADS['cnn'], strategy).step,
+          strategy, sums=sums)
       for variant in ('bare', 'ours')
   }
-  assert counts['ours'] == counts['bare'], counts
 
 
 @pytest.mark.parametrize('op', ['CollectiveReduceV2', 'CollectiveGatherV2',
