@@ -2,7 +2,8 @@
 
 `FRONT_ENDS` holds one `FrontEnd` per public form: the v1 wrapper around a
 `tf.compat.v1` optimizer, the Keras 3 form, and the experimental (TF 2.3)
-form around a Keras 3 and around a tf_keras optimizer. Each makes its inner
+form around a Keras 3 and around a Keras 2 optimizer (tf_keras, or tf.keras
+on TensorFlow 2.15 and earlier). Each makes its inner
 optimizer, the wrapper with a dynamic scale, a variable, one step, and reads
 back the scale, its good-step counter and the monitoring record, so a test
 can state one rule once and check it on every front end.
@@ -13,11 +14,13 @@ from typing import Any, Callable, List
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
-import tf_keras
 
 import tf_loss_scale
 from tf_loss_scale import keras as tls_keras
+
+import versions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +37,7 @@ class FrontEnd:
       dtype.
     peer: Wraps an inner optimizer in the family's peer loss scale
       optimizer (Keras's, tf_keras's, TensorFlow's v1).
+    needs: Where the front end exists (its Keras).
     scaled_gradients: Whether `apply` takes gradients of the scaled loss
       (the Keras 3 form) rather than unscaled ones.
   """
@@ -42,6 +46,7 @@ class FrontEnd:
   wrap: Callable[[Any, float, int], Any]
   variable: Callable[[Any, Any], Any]
   peer: Callable[[Any], Any]
+  needs: versions.Condition
   scaled_gradients: bool = False
 
   def apply(self, opt: Any, grads: List[Any], variables: List[Any]) -> Any:
@@ -85,7 +90,7 @@ def _tf_variable(value: Any, dtype: Any) -> tf.Variable:
   return tf.Variable(np.asarray(value, dtype))
 
 
-def _keras_variable(value: Any, dtype: Any) -> keras.Variable:
+def _keras_variable(value: Any, dtype: Any) -> Any:
   return keras.Variable(np.asarray(value, dtype), dtype=np.dtype(dtype).name)
 
 
@@ -98,34 +103,65 @@ V1 = FrontEnd(
     variable=_tf_variable,
     peer=lambda inner: (
         tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
-            inner, 'dynamic')))
+            inner, 'dynamic')),
+    needs=versions.Condition(True, ''))
 
+# Keras is looked up when a test runs: the Keras 3 front ends exist with
+# Keras 3 only, the Keras 2 one where a Keras 2 is installed.
 KERAS3 = FrontEnd(
     name='keras3',
-    inner=keras.optimizers.SGD,
+    inner=lambda lr: keras.optimizers.SGD(lr),
     wrap=lambda inner, initial, period: tls_keras.LossScaleOptimizer(
         inner, initial_scale=initial, dynamic_growth_steps=period),
     variable=_keras_variable,
-    peer=keras.optimizers.LossScaleOptimizer,
+    peer=lambda inner: keras.optimizers.LossScaleOptimizer(inner),
+    needs=versions.KERAS_3,
     scaled_gradients=True)
 
 EXPERIMENTAL_KERAS3 = FrontEnd(
     name='experimental_keras3',
-    inner=keras.optimizers.SGD,
+    inner=lambda lr: keras.optimizers.SGD(lr),
     wrap=lambda inner, initial, period: (
         tls_keras.experimental.LossScaleOptimizer(inner,
                                                   _dynamic(initial, period))),
     variable=_keras_variable,
-    peer=keras.optimizers.LossScaleOptimizer)
+    peer=lambda inner: keras.optimizers.LossScaleOptimizer(inner),
+    needs=versions.KERAS_3)
 
-EXPERIMENTAL_TF_KERAS = FrontEnd(
-    name='experimental_tf_keras',
-    inner=tf_keras.optimizers.legacy.SGD,
+EXPERIMENTAL_KERAS2 = FrontEnd(
+    name='experimental_keras2',
+    inner=lambda lr: versions.keras_2().optimizers.legacy.SGD(lr),
     wrap=lambda inner, initial, period: (
         tls_keras.experimental.LossScaleOptimizer(inner,
                                                   _dynamic(initial, period))),
     variable=_tf_variable,
-    peer=tf_keras.mixed_precision.LossScaleOptimizer)
+    peer=lambda inner: versions.keras_2().mixed_precision.LossScaleOptimizer(
+        inner),
+    needs=versions.KERAS_2)
 
-FRONT_ENDS = (V1, KERAS3, EXPERIMENTAL_KERAS3, EXPERIMENTAL_TF_KERAS)
-IDS = [f.name for f in FRONT_ENDS]
+FRONT_ENDS = (V1, KERAS3, EXPERIMENTAL_KERAS3, EXPERIMENTAL_KERAS2)
+
+
+def params(*front_ends: FrontEnd, on_replicas: bool = False) -> List[Any]:
+  """Test parameters for `front_ends` (all four by default).
+
+  Args:
+    *front_ends: The front ends to test.
+    on_replicas: Whether the test trains on several replicas, where the
+      Keras 3 front ends also need a Keras that sums gradients across them.
+
+  Returns:
+    One `pytest.param` per front end, named after it, skipped with the
+    reason where it does not exist.
+  """
+  chosen = front_ends or FRONT_ENDS
+  return [
+      pytest.param(f, id=f.name, marks=[f.needs.mark] + (
+          [versions.KERAS_SUMS_ACROSS_REPLICAS.mark]
+          if on_replicas and f.variable is _keras_variable else []))
+      for f in chosen
+  ]
+
+
+ALL = params()
+ON_REPLICAS = params(on_replicas=True)

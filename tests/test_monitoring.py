@@ -500,6 +500,7 @@ def test_keras_callback_logs_hysteresis_and_collapse():
       [monitoring.LossScaleCallback(), recorder], model=model)
   callbacks.on_train_begin()
   for batch, value in enumerate(OPTION_GRADS):
+    callbacks.on_train_batch_begin(batch)
     grads = [tf.fill(v.shape, value) for v in model.trainable_variables]
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     callbacks.on_train_batch_end(batch, {})

@@ -15,6 +15,8 @@ import tensorflow as tf
 import tf_loss_scale
 from tf_loss_scale import step
 
+import versions
+
 INF, NAN = np.inf, np.nan
 
 
@@ -160,6 +162,7 @@ def test_reducing_step_decides_on_the_sums_and_applies_them_once(
   assert float(scale()) == 1.0  # the floor: halving 1 stays at 1
 
 
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
 def test_step_with_a_reducing_keras_optimizer_skips_a_sum_overflow(
     mirrored_strategy):
   # Keras 3's apply all-reduces (reduces=True): the verdict must still cover

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import front_ends
+import versions
 import tf_loss_scale
 
 INF = float('inf')
@@ -35,8 +36,7 @@ def _two_steps(front_end):
   return opt, var
 
 
-@pytest.mark.parametrize('front_end', front_ends.FRONT_ENDS,
-                         ids=front_ends.IDS)
+@pytest.mark.parametrize('front_end', front_ends.ALL)
 def test_an_apply_that_raises_eagerly_leaves_the_scale_and_record(front_end):
   opt, var = _two_steps(front_end)
   before = var.numpy().copy()
@@ -47,9 +47,9 @@ def test_an_apply_that_raises_eagerly_leaves_the_scale_and_record(front_end):
   np.testing.assert_array_equal(var.numpy(), before)
 
 
-@pytest.mark.parametrize('front_end', [
-    f for f in front_ends.FRONT_ENDS if f is not front_ends.V1
-], ids=[f.name for f in front_ends.FRONT_ENDS if f is not front_ends.V1])
+@pytest.mark.parametrize('front_end', front_ends.params(
+    front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3,
+    front_ends.EXPERIMENTAL_KERAS2))
 def test_an_apply_that_fails_in_a_tf_function_leaves_the_scale_and_record(
     front_end):
   # The gradient's shape is known only when the function runs, so the
@@ -65,6 +65,7 @@ def test_an_apply_that_fails_in_a_tf_function_leaves_the_scale_and_record(
   assert front_end.state(opt)['scale'] == 8.0
 
 
+@versions.KERAS_3.mark
 def test_keras3_form_keeps_its_scale_on_a_failed_apply_as_keras_does():
   results = {}
   for name, make in (('ours', front_ends.KERAS3.wrap),

@@ -3,7 +3,7 @@
 The verdict must hold for the gradients that are applied, the sums across
 replicas. How exactly depends on who sums:
 
-- The experimental form around tf_keras optimizers sums the gradients once
+- The experimental form around Keras 2 optimizers sums the gradients once
   itself (the inner optimizer applies them without summing again) and
   decides on the exact sums.
 - The v1 wrapper, the Keras 3 form and the experimental form around Keras 3
@@ -24,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 import front_ends
+import versions
 
 _CANCELLING = ([40000.0, 1.0], [-39008.0, 1.0])
 _WITHIN_THE_BOUND = ([30000.0, 1.0], [-29008.0, 1.0])
@@ -72,33 +73,34 @@ def test_v1_wrapper_skips_a_finite_sum_whose_replica_magnitudes_pass_the_max(
   _assert_skipped(mirrored_strategy, front_ends.V1, _CANCELLING)
 
 
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
 def test_keras3_form_skips_a_finite_sum_whose_replica_magnitudes_pass_the_max(
     mirrored_strategy):
   _assert_skipped(mirrored_strategy, front_ends.KERAS3, _CANCELLING)
 
 
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
 def test_experimental_keras3_skips_a_finite_sum_whose_magnitudes_pass_the_max(
     mirrored_strategy):
   _assert_skipped(mirrored_strategy, front_ends.EXPERIMENTAL_KERAS3,
                   _CANCELLING)
 
 
-def test_experimental_tf_keras_applies_a_finite_sum_decided_on_exactly(
+@versions.KERAS_2.mark
+def test_experimental_keras2_applies_a_finite_sum_decided_on_exactly(
     mirrored_strategy):
-  _assert_applied(mirrored_strategy, front_ends.EXPERIMENTAL_TF_KERAS,
+  _assert_applied(mirrored_strategy, front_ends.EXPERIMENTAL_KERAS2,
                   _CANCELLING)
 
 
-@pytest.mark.parametrize('front_end', front_ends.FRONT_ENDS,
-                         ids=front_ends.IDS)
+@pytest.mark.parametrize('front_end', front_ends.ON_REPLICAS)
 def test_every_front_end_applies_a_sum_within_the_bound(front_end,
                                                         mirrored_strategy):
   # 30000 + 29008 = 59008 <= 65504: the bound holds, the sum [992, 2] too.
   _assert_applied(mirrored_strategy, front_end, _WITHIN_THE_BOUND)
 
 
-@pytest.mark.parametrize('front_end', front_ends.FRONT_ENDS,
-                         ids=front_ends.IDS)
+@pytest.mark.parametrize('front_end', front_ends.ON_REPLICAS)
 def test_every_front_end_skips_a_sum_that_overflows(front_end,
                                                     mirrored_strategy):
   # 40000 + 40000 = 80000: inf in float16, whoever sums.

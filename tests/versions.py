@@ -103,6 +103,14 @@ KERAS_3 = Condition(
     'needs Keras 3 (keras 3.x, with TensorFlow 2.16 or later); TensorFlow '
     f'2.15 and earlier come with Keras 2 ({_VERSIONS})')
 
+# Keras's TensorFlow optimizers sum gradients across replicas from 3.5 on;
+# before, the Keras 3 forms refuse several replicas.
+KERAS_SUMS_ACROSS_REPLICAS = KERAS_3 & Condition(
+    KERAS is not None and KERAS >= (3, 5),
+    'needs Keras 3.5 or later: older Keras optimizers do not sum gradients '
+    'across replicas, and the Keras 3 forms refuse several replicas there '
+    f'({_VERSIONS})')
+
 TF_KERAS_INSTALLED = Condition(
     TF_KERAS is not None,
     f'needs tf_keras (Keras 2 for TensorFlow 2.16 and later) ({_VERSIONS})')

@@ -245,21 +245,29 @@ def _describe(obj: Any) -> str:
   return f'{kind} {name!r}' if isinstance(name, str) else kind
 
 
+def _keras_namespaces() -> list:
+  """The public API namespaces of the Keras packages already imported.
+
+  `keras` and `tf_keras` where their top level is their API; on TensorFlow
+  2.15 and earlier the top level of `keras` is not (its public API is
+  `tf.keras`), so `tf.keras` too once a Keras is imported. Looked up among
+  the modules already imported: no optimizer of a package can exist before
+  that package is imported, and asking imports none.
+  """
+  namespaces = [sys.modules.get('keras'), sys.modules.get('tf_keras')]
+  if any(namespaces):
+    namespaces.append(tf.keras)
+  return [n for n in namespaces if n is not None]
+
+
 def _loss_scale_optimizer_types() -> tuple:
-  # Looked up among the modules already imported: no loss scale optimizer of
-  # a package can exist before that package is imported.
-  keras = sys.modules.get('keras')
-  tf_keras = sys.modules.get('tf_keras')
   ours = sys.modules.get('tf_loss_scale.optimizer_v1')
   candidates = [
       getattr(tf.compat.v1.mixed_precision,
               'MixedPrecisionLossScaleOptimizer', None),
-      getattr(getattr(keras, 'mixed_precision', None), 'LossScaleOptimizer',
-              None),
-      getattr(getattr(tf_keras, 'mixed_precision', None),
-              'LossScaleOptimizer', None),
       getattr(ours, 'MixedPrecisionLossScaleOptimizer', None),
-  ]
+  ] + [getattr(getattr(keras, 'mixed_precision', None), 'LossScaleOptimizer',
+               None) for keras in _keras_namespaces()]
   return tuple(t for t in candidates if isinstance(t, type))
 
 
@@ -267,23 +275,22 @@ def _keras_optimizer_types(keras3: bool) -> tuple:
   """Optimizer base classes of the Keras packages already imported.
 
   Args:
-    keras3: Whether to keep only Keras 3's (told by `keras.ops`, which
-      Keras 2 lacks).
+    keras3: Whether to keep only Keras 3's (told by `stateless_apply`, which
+      Keras 2's optimizers lack).
 
   Returns:
     A tuple of classes.
   """
   found = []
-  for name in ('keras', 'tf_keras'):
-    module = sys.modules.get(name)
-    optimizers = getattr(module, 'optimizers', None)
-    if optimizers is None:
+  for keras in _keras_namespaces():
+    optimizers = getattr(keras, 'optimizers', None)
+    base = getattr(optimizers, 'Optimizer', None)
+    if not isinstance(base, type):
       continue
-    is_keras3 = hasattr(module, 'ops')
-    if keras3 and not is_keras3:
-      continue
-    found.append(getattr(optimizers, 'Optimizer', None))
-    if not is_keras3:
+    if hasattr(base, 'stateless_apply'):
+      found.append(base)
+    elif not keras3:
+      found.append(base)
       found.append(getattr(getattr(optimizers, 'legacy', None), 'Optimizer',
                            None))
   return tuple(t for t in found if isinstance(t, type))

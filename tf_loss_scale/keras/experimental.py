@@ -185,6 +185,10 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
     """Refuses what this family cannot wrap, beyond `guards`' policy."""
     del optimizer  # Every optimizer `guards` accepts.
 
+  def _check_family_runs_here(self, where: str) -> None:
+    """Refuses a step this family cannot take here, beyond `guards`'."""
+    del where  # Every family takes the steps `guards` lets through.
+
   # ---- the forwarding rule (module docstring) ------------------------------
 
   def __getattribute__(self, name: str) -> Any:
@@ -352,6 +356,7 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
     """
     where = f'{_NAME}.apply_gradients()'
     guards.check_step(where, [self._loss_scale, self.inner_optimizer])
+    self._check_family_runs_here(where)
     distribute.require_replica_context(where)
     outcome = step.apply_step(
         grads, step.LossScaleState(self._loss_scale), apply_inner,

@@ -25,6 +25,7 @@ from tf_loss_scale import distribute
 from tf_loss_scale import gradients
 from tf_loss_scale.keras import experimental
 from tf_loss_scale.keras import families
+from tf_loss_scale.keras import keras3_support
 from tf_loss_scale.keras import slots
 
 
@@ -52,11 +53,15 @@ class LossScaleOptimizer(slots.SlotsByVariable,
   @classmethod
   def _check_inner_optimizer(cls, optimizer: Any) -> None:
     super()._check_inner_optimizer(optimizer)
+    keras3_support.check_replicas_are_summed('LossScaleOptimizer()')
     if getattr(optimizer, 'loss_scale_factor', None) is not None:
       raise ValueError(
           f'optimizer has loss_scale_factor={optimizer.loss_scale_factor!r}; '
           'the loss would be scaled twice. Create it with '
           'loss_scale_factor=None.')
+
+  def _check_family_runs_here(self, where: str) -> None:
+    keras3_support.check_replicas_are_summed(where)
 
   @property
   def built(self) -> bool:

@@ -13,12 +13,16 @@ Keras's own `LossScaleOptimizer` changed between the supported releases:
 - before 3.12 it accepted the base optimizer arguments (`clipnorm`,
   `use_ema`, ...) and ignored them, listed them in its config, and did not
   run the base optimizer's `build`.
+Keras's TensorFlow optimizers themselves did not sum gradients across
+replicas before 3.5: the Keras 3 forms refuse to run on several replicas
+there (`check_replicas_are_summed`) rather than train them apart.
 """
 
 import re
 from typing import Tuple
 
 import keras
+import tensorflow as tf
 
 OLDEST = (3, 3, 3)
 NEWEST_TESTED = (3, 15, 1)
@@ -33,6 +37,11 @@ def release(version: str) -> Tuple[int, ...]:
 
 
 RELEASE = release(keras.__version__)
+
+# Keras's TensorFlow optimizers sum the gradients across replicas in their
+# `apply` from 3.5 on; before, each replica applied its own gradients and the
+# copies of every mirrored variable drifted apart.
+OPTIMIZER_SUMS_ACROSS_REPLICAS = RELEASE >= (3, 5)
 
 # Keras's class itself refuses the base optimizer arguments, keeps its
 # config to its own arguments and runs the base optimizer's build.
@@ -59,3 +68,29 @@ def _refuse_unsupported() -> None:
 
 
 _refuse_unsupported()
+
+
+def check_replicas_are_summed(where: str) -> None:
+  """Refuses several replicas under a Keras whose optimizers do not sum them.
+
+  Args:
+    where: The call being checked, for the message.
+
+  Raises:
+    ValueError: Under a strategy of more than one replica with Keras older
+      than 3.5, whose optimizers apply each replica's own gradients: the
+      replicas' copies of the model would drift apart, and no loss scale
+      could keep them together.
+  """
+  if OPTIMIZER_SUMS_ACROSS_REPLICAS or not tf.distribute.has_strategy():
+    return
+  strategy = tf.distribute.get_strategy()
+  if strategy.num_replicas_in_sync > 1:
+    raise ValueError(
+        f'{where}: Keras {keras.__version__} optimizers do not sum gradients '
+        f'across replicas under {type(strategy).__name__} (each replica '
+        'applies its own, and the copies of the model drift apart); Keras '
+        "3.5 and later do. Upgrade Keras (pip install 'keras>=3.5', which "
+        'TensorFlow 2.16 accepts), or use Keras 2 (tf_keras, with '
+        'TF_USE_LEGACY_KERAS=1) and tf_loss_scale.keras.experimental.'
+        'LossScaleOptimizer.')

@@ -147,6 +147,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         optimizer or is already wrapped; or under an unsupported strategy.
     """
     guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM)
+    keras3_support.check_replicas_are_summed(f'{type(self).__name__}()')
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
     # Base optimizer arguments: refused on every Keras release.
     kwargs = _without_base_optimizer_defaults(type(self).__name__, kwargs)
@@ -235,6 +236,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """
     where = f'{type(self).__name__}.apply()'
     guards.check_step(where, [self.inner_optimizer])
+    keras3_support.check_replicas_are_summed(where)
     # Keras's wording: "apply() must be called in a replica context".
     distribute.require_replica_context('apply()')
     if not self.built:
