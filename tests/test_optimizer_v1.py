@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import tf_loss_scale
 import v1_training
+import versions
 
 INF, NAN = np.inf, np.nan
 TF_V1 = tf.compat.v1.mixed_precision
@@ -125,8 +126,12 @@ def test_variables_slots_and_slot_names_go_beyond_tensorflow():
         assert optimizer.get_slot_names() == []  # TensorFlow hides the slots
         assert optimizer.get_slot(model.w, 'momentum') is None
         continue
-      assert optimizer.get_slot_names() == inner.get_slot_names()
-      assert optimizer.get_slot_names() == ['momentum']
+      if versions.TF >= (2, 15):
+        assert optimizer.get_slot_names() == inner.get_slot_names()
+        assert optimizer.get_slot_names() == ['momentum']
+      else:
+        # TensorFlow 2.14 and earlier would save forwarded slots twice.
+        assert optimizer.get_slot_names() == []
       for variable in (model.w, model.embedding):
         slot = optimizer.get_slot(variable, 'momentum')
         assert slot is not None and slot is inner.get_slot(variable,

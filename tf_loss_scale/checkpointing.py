@@ -1,6 +1,18 @@
 """Checkpoint behaviour shared by the optimizer wrappers."""
 
+import re
 from typing import Any, Dict, List
+
+import tensorflow as tf
+
+# TensorFlow 2.12 asks every `tf.compat.v1.train.Optimizer` for its slots by
+# type, whatever its `dir()` lists: there a v1 wrapper that forwarded its
+# inner optimizer's slot names would have them claimed twice, and saving
+# fails. TensorFlow 2.15 and later ask only objects whose `dir()` lists
+# `get_slot_names` (`HidesForwardedSlots`); 2.13 and 2.14 are treated as
+# 2.12, which is safe either way.
+V1_SLOT_NAMES_FORWARDED = tuple(
+    int(part) for part in re.findall(r'\d+', tf.__version__)[:2]) >= (2, 15)
 
 
 class HidesForwardedSlots:

@@ -153,7 +153,14 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
     return self._optimizer.get_slot(var, name)
 
   def get_slot_names(self) -> List[str]:
-    """Returns the names of the wrapped optimizer's slots."""
+    """Returns the names of the wrapped optimizer's slots.
+
+    On TensorFlow 2.14 and earlier, an empty list, as TensorFlow's wrapper
+    returns (`checkpointing.V1_SLOT_NAMES_FORWARDED`); `get_slot` works on
+    every version.
+    """
+    if not checkpointing.V1_SLOT_NAMES_FORWARDED:
+      return []
     return self._optimizer.get_slot_names()
 
   def variables(self) -> List[tf.Variable]:
