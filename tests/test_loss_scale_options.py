@@ -1,4 +1,4 @@
-"""The options of `DynamicLossScale` beyond TensorFlow's (issue 10).
+"""The options of `DynamicLossScale` beyond TensorFlow's.
 
 `min_loss_scale`, `max_loss_scale`, `hysteresis`, `on_collapse` with
 `collapse_patience`, and `last_step_skipped`. Every trajectory below is
@@ -37,7 +37,7 @@ def strategy(request):
 
 # name: (constructor arguments, verdicts, expected values after each step).
 PINNED = {
-    # From issue 10.
+    # A floor below 1: the scale halves down to it and stays.
     'floor-below-one': (
         dict(initial_loss_scale=1, min_loss_scale=2**-4),
         [F] * 6,
