@@ -24,6 +24,8 @@ from tf_loss_scale.demo import report
 from tf_loss_scale.demo import results as results_lib
 from tf_loss_scale.demo import runner
 
+import versions
+
 STEPS = 40
 GROWTH_STEPS = 5
 INITIAL_SCALE = 2.0**15
@@ -135,6 +137,10 @@ def _skip_unless_available(api):
 def test_mirrored_runs_record_consistent_results(tmp_path, monkeypatch,
                                                  mirrored_strategy, api):
   _skip_unless_available(api)
+  uses_keras3 = api == 'keras' or (api == 'experimental' and
+                                   bool(versions.TF_KERAS_IS_KERAS_3))
+  if uses_keras3 and not versions.KERAS_SUMS_ACROSS_REPLICAS:
+    pytest.skip(versions.KERAS_SUMS_ACROSS_REPLICAS.reason)
   from tf_loss_scale.demo import keras_run  # pylint: disable=g-import-not-at-top
   # The process's one eager MirroredStrategy is the tests' shared one.
   monkeypatch.setattr(keras_run, 'mirrored_strategy', lambda: mirrored_strategy)

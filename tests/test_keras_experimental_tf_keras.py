@@ -20,6 +20,7 @@ import tensorflow as tf
 import fresh_process
 import keras_families
 import tf_loss_scale
+import versions
 from tf_loss_scale.keras import experimental
 
 keras2 = keras_families.keras2()
@@ -376,7 +377,9 @@ def test_mirrored_one_replica_overflowing_skips_everywhere(
   assert int(opt.iterations.numpy()) == 2
 
 
-@pytest.mark.parametrize('family', ['legacy', 'new', 'keras3'])
+@pytest.mark.parametrize('family', [
+    'legacy', 'new',
+    pytest.param('keras3', marks=versions.KERAS_SUMS_ACROSS_REPLICAS.mark)])
 def test_float16_sum_overflowing_across_two_replicas_is_skipped(
     mirrored_strategy, family):
   # Each replica's float16 gradient (40000) is finite; their sum (80000) is

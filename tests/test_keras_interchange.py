@@ -174,6 +174,7 @@ def test_stateless_values_of_keras_class_feed_ours_and_back():
   assert float(source.optimizer.dynamic_scale.numpy()) == 2.0**24
 
 
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
 def test_load_model_of_ours_in_a_fresh_model_under_mirrored_strategy(
     tmp_path, mirrored_strategy):
   with mirrored_strategy.scope():

@@ -1,4 +1,4 @@
-"""Every ```python block in README.md runs, so the README cannot drift.
+"""Every ```python block in README.md and docs/*.md runs, so they cannot drift.
 
 The blocks run in fresh processes, one after another, each as a script of
 its own (own namespace, empty working directory, global state such as
@@ -25,7 +25,7 @@ import fresh_process
 import versions
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
-_README = os.path.join(os.path.dirname(_TESTS), 'README.md')
+_ROOT = os.path.dirname(_TESTS)
 _FENCE = re.compile(r'^```(\S*)\n(.*?)^```', re.MULTILINE | re.DOTALL)
 _HEADING = re.compile(r'^#+ (.*)$', re.MULTILINE)
 _SETS_LEGACY_KERAS = re.compile(r'environ\b.*TF_USE_LEGACY_KERAS')
@@ -33,21 +33,30 @@ _SETS_LEGACY_KERAS = re.compile(r'environ\b.*TF_USE_LEGACY_KERAS')
 Block = collections.namedtuple('Block', 'id heading code')
 
 
-def _read_readme():
-  with open(_README) as f:
+def _documents():
+  """README.md, then every page of docs/, as paths relative to the root."""
+  docs = os.path.join(_ROOT, 'docs')
+  return ['README.md'] + sorted(
+      os.path.join('docs', name) for name in os.listdir(docs)
+      if name.endswith('.md'))
+
+
+def _read(document):
+  with open(os.path.join(_ROOT, document)) as f:
     return f.read()
 
 
 def _python_blocks():
-  text = _read_readme()
   blocks = []
-  for fence in _FENCE.finditer(text):
-    if fence.group(1) != 'python':
-      continue
-    first_line = text.count('\n', 0, fence.start(2)) + 1
-    headings = _HEADING.findall(text, 0, fence.start())
-    blocks.append(Block(f'README.md:{first_line}',
-                        headings[-1] if headings else '', fence.group(2)))
+  for document in _documents():
+    text = _read(document)
+    for fence in _FENCE.finditer(text):
+      if fence.group(1) != 'python':
+        continue
+      first_line = text.count('\n', 0, fence.start(2)) + 1
+      headings = _HEADING.findall(text, 0, fence.start())
+      blocks.append(Block(f'{document}:{first_line}',
+                          headings[-1] if headings else '', fence.group(2)))
   return blocks
 
 
@@ -80,9 +89,11 @@ def _errors(env, tmp_dir):
 
 
 def test_readme_has_python_blocks_and_no_other_python_fences():
-  assert _BLOCKS, 'no ```python blocks found in README.md'
+  assert any(b.id.startswith('README.md:') for b in _BLOCKS), (
+      'no ```python blocks found in README.md')
   # A block fenced as ```py or ```python3 would silently not be tested.
-  other = [f'```{lang}' for lang, _ in _FENCE.findall(_read_readme())
+  other = [f'{document}: ```{lang}' for document in _documents()
+           for lang, _ in _FENCE.findall(_read(document))
            if lang.startswith('py') and lang != 'python']
   assert not other, f'fence Python blocks as ```python, not {other}'
 
@@ -99,5 +110,5 @@ def _case_id(block, env):
 def test_readme_block_runs(block, env, tmp_path_factory):
   error = _errors(env, str(tmp_path_factory.getbasetemp()))[block.id]
   assert error is None, (
-      f'README block at {block.id} (under "{block.heading}") failed '
+      f'Block at {block.id} (under "{block.heading}") failed '
       f'under {env}:\n{block.code}\n{error}')
