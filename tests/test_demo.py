@@ -137,9 +137,9 @@ def _skip_unless_available(api):
 def test_mirrored_runs_record_consistent_results(tmp_path, monkeypatch,
                                                  mirrored_strategy, api):
   _skip_unless_available(api)
-  uses_keras3 = api == 'keras' or (api == 'experimental' and
-                                   bool(versions.TF_KERAS_IS_KERAS_3))
-  if uses_keras3 and not versions.KERAS_SUMS_ACROSS_REPLICAS:
+  # The demo's Keras APIs train with the `keras` package.
+  if (api != 'v1' and versions.KERAS_3 and
+      not versions.KERAS_SUMS_ACROSS_REPLICAS):
     pytest.skip(versions.KERAS_SUMS_ACROSS_REPLICAS.reason)
   from tf_loss_scale.demo import keras_run  # pylint: disable=g-import-not-at-top
   # The process's one eager MirroredStrategy is the tests' shared one.
