@@ -151,10 +151,11 @@ LIBRARY_INSTALLED = Condition(
     'is imported from the checkout only')
 
 # What a child process started with TF_USE_LEGACY_KERAS=1 gets as tf.keras.
+# TensorFlow 2.15 reads the variable too, and then imports tf_keras.
 LEGACY_KERAS_IS_KERAS_2 = Condition(
-    TF < (2, 16) or TF_KERAS is not None,
+    TF < (2, 15) or TF_KERAS is not None,
     'needs tf.keras to be Keras 2 under TF_USE_LEGACY_KERAS=1 (TensorFlow '
-    f'2.15 and earlier, or tf_keras installed) ({_VERSIONS})')
+    f'2.14 and earlier, or tf_keras installed) ({_VERSIONS})')
 
 # A Keras 2 to train with in this process: tf.keras where it is Keras 2,
 # else tf_keras imported by name.
