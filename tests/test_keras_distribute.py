@@ -319,7 +319,9 @@ def _reductions_per_step(strategy, opt, variables):
 
   Gradient batches are all-reduced with CollectiveReduceV2 (one op per
   replica); a value reduced to one device on CPUs is summed by an AddN.
-  Branch functions (the apply side of a cond) are counted too.
+  Counted: what a finite step runs, the apply side of a cond included and
+  its skip side (a cond's else branch, where the skip report sums the
+  replicas' flags) left out.
   """
 
   @tf.function
@@ -329,9 +331,14 @@ def _reductions_per_step(strategy, opt, variables):
     strategy.run(replica_fn)
 
   graph = train_step.get_concrete_function().graph.as_graph_def()
+  functions = {f.signature.name: f for f in graph.library.function}
+  skip_sides = {node.attr['else_branch'].func.name
+                for f in [graph.node, *[f.node_def for f in functions.values()]]
+                for node in f if node.op in ('If', 'StatelessIf')}
   nodes = list(graph.node)
-  for function in graph.library.function:
-    nodes.extend(function.node_def)
+  for name, function in functions.items():
+    if name not in skip_sides:
+      nodes.extend(function.node_def)
   return {'gradient collectives': sum(n.op == 'CollectiveReduceV2'
                                       for n in nodes),
           'scalar reductions': sum(n.op == 'AddN' for n in nodes)}

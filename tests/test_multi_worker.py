@@ -132,6 +132,24 @@ def test_two_replicas_end_alike_on_one_worker_or_two(runs, front_end):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('layout', list(_LAYOUTS))
+def test_every_worker_reports_the_same_skipped_step(runs, layout):
+  # In step 2 one replica's inputs are 1e30 times larger: the kernel's
+  # gradient (inputs times errors, both near 1e30) is not finite there, the
+  # bias's (errors only) is. Computed at the scale of after step 1.
+  for front_end in _LAYOUTS[layout][3]:
+    reports = [worker[front_end]['skip_report'] for worker in runs[layout]]
+    where = f'{front_end} on {layout}'
+    assert all(r == reports[0] for r in reports), f'{where}: {reports}'
+    report = reports[0]
+    assert (report['step'], report['loss_scale']) == (
+        _OVERFLOW_STEP, _SCALES[_OVERFLOW_STEP - 1]), f'{where}: {report}'
+    assert 'kernel' in report['nan'] + report['inf'], f'{where}: {report}'
+    assert 'bias' not in report['nan'] + report['inf'], f'{where}: {report}'
+    assert report['cause'] == ('nan' if report['nan'] else 'overflow'), where
+
+
+@pytest.mark.slow
 def test_model_fit_skips_like_the_custom_loop_on_two_replicas(runs):
   (one_worker,) = runs['1 worker x 2 replicas']
   fit = one_worker['keras_fit']

@@ -246,11 +246,21 @@ def _sums_fit(total: tf.Tensor, dtypes: Sequence[tf.DType]) -> tf.Tensor:
   its reciprocal, and the reciprocal of float32's largest value is
   subnormal, which TensorFlow's threads flush to zero.
   """
-  # The margin covers the roundings of a reduction of many replicas'
-  # gradients in their own precision.
-  limits = tf.constant([dtype.max * (1.0 - 2.0**-20) for dtype in dtypes],
-                       tf.float64)
+  limits = tf.constant([sum_limit(dtype) for dtype in dtypes], tf.float64)
   return tf.reduce_all(tf.less_equal(total, limits))
+
+
+def sum_limit(dtype: tf.DType) -> float:
+  """The largest total of the replicas' largest magnitudes deemed safe.
+
+  Args:
+    dtype: The gradients' dtype.
+
+  Returns:
+    Slightly less than `dtype.max`: the margin covers the roundings of a
+    reduction of many replicas' gradients in their own precision.
+  """
+  return dtype.max * (1.0 - 2.0**-20)
 
 
 def _one_side_runs(

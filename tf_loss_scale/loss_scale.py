@@ -41,6 +41,7 @@ import tensorflow as tf
 from tf_loss_scale import checkpointing
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
+from tf_loss_scale import step_record
 
 _FLOAT32_MAX = float(tf.float32.max)
 _INT64_MAX = int(tf.int64.max)
@@ -430,7 +431,8 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
           if on_collapse != 'skip' else None)
     # Held by a plain object so that it is neither a checkpoint dependency nor
     # in `variables`: checkpoints keep TensorFlow's layout and interchange.
-    self._step_record = _StepRecord()
+    self._step_record = step_record.StepRecord()
+    self._step_record.create()
 
   @property
   def initial_loss_scale(self) -> float:
@@ -522,7 +524,11 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
     """
     grads_finite = _scalar_verdict(
         distribute.all_finite_on_every_replica(grads))
-    return self.assign_next_state(grads_finite), grads_finite
+    grads = tf.nest.flatten(grads)
+    reported = _run_if_not(grads_finite, lambda: self._step_record.report_skip(
+        grads, step_record.positions(len(grads)), self(), summed=False))
+    with tf.control_dependencies(reported):
+      return self.assign_next_state(grads_finite), grads_finite
 
   def assign_next_state(self, grads_finite: tf.Tensor
                        ) -> Optional[tf.Tensor]:
@@ -593,6 +599,8 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
                 hysteresis=self._hysteresis)
 
   def _collapse_message(self, detail: str = '') -> str:
+    # The last skip report follows (`step_record`): it names the gradients
+    # and says whether a NaN, which no scale cures, was among them.
     return (
         'The dynamic loss scale has collapsed: '
         f'{_steps(self._collapse_patience)} in a row were skipped with the '
@@ -613,7 +621,8 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
     # The running count makes each collapse's warning text new, so that
     # Python's warning filters do not hide the second one.
     message = self._collapse_message(
-        f' ({_steps(int(self.skipped_steps))} skipped in this process)')
+        f' ({_steps(int(self.skipped_steps))} skipped in this process)'
+    ) + step_record.note_for(self._step_record.read())
     if self._on_collapse == 'raise':
       raise LossScaleCollapseError(message)
     if count == self._collapse_patience:
@@ -624,13 +633,22 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
     # session, in a tf.function and under any strategy alike.
     if self._on_collapse == 'skip':
       return []
-    message = self._collapse_message()
+    # The message, with the report read from the record, is made only in
+    # the branch that reports the collapse.
+    message = lambda: tf.strings.join(
+        [self._collapse_message(), self._step_record.describe()])
+    patience = self._collapse_patience
     if self._on_collapse == 'raise':
-      return [tf.debugging.Assert(skips_at_floor < self._collapse_patience,
-                                  [message], name='loss_scale_collapse')]
+      def fail() -> tf.Tensor:
+        with tf.control_dependencies([tf.debugging.Assert(
+            skips_at_floor < patience, [message()],
+            name='loss_scale_collapse')]):
+          return tf.constant(False)
+      return [tf.cond(skips_at_floor < patience, lambda: tf.constant(True),
+                      fail)]
     return [tf.cond(
-        tf.equal(skips_at_floor, self._collapse_patience),
-        lambda: tf.print(message, output_stream=logging.warning),
+        tf.equal(skips_at_floor, patience),
+        lambda: tf.print(message(), output_stream=logging.warning),
         tf.no_op)]
 
   def __repr__(self) -> str:
@@ -751,64 +769,32 @@ def _state_variable(name: str, initial_value: Any, dtype: tf.DType) -> tf.Variab
       aggregation=tf.VariableAggregation.NONE)
 
 
-class _StepRecord:
-  """What the latest steps did, for monitoring; no checkpoint or Saver sees it.
+def step_record_of(loss_scale: LossScale) -> Optional[step_record.StepRecord]:
+  """The monitoring record a loss scale keeps, for the step and `monitoring`.
 
-  Two variables: an int64 count of skipped steps and a bool that says
-  whether the latest step was skipped. In a TF1 graph they are local
-  variables: a default `Saver()` saves only global ones, and
-  `MonitoredTrainingSession` initialises them. Sessions that initialise only
-  global variables still run: an uninitialised count is set rather than
-  incremented, and both read as 0 and False until written.
+  Args:
+    loss_scale: Any `LossScale`.
+
+  Returns:
+    A `DynamicLossScale`'s record; None for any other loss scale.
   """
-
-  def __init__(self):
-    self._skipped_steps = _monitoring_variable('skipped_steps', 0, tf.int64)
-    self._last_step_skipped = _monitoring_variable('last_step_skipped', False,
-                                                   tf.bool)
-
-  def variables(self) -> Dict[str, tf.Variable]:
-    return {'skipped_steps': self._skipped_steps,
-            'last_step_skipped': self._last_step_skipped}
-
-  def record(self, skipped: tf.Tensor) -> Any:
-    increment = tf.cast(skipped, tf.int64)
-    count = self._skipped_steps
-    if execution.in_tf1_graph():
-      counted = tf.cond(_is_initialized(count),
-                        lambda: count.assign_add(increment),
-                        lambda: count.assign(increment))
-    else:
-      counted = count.assign_add(increment)
-    return tf.group(counted, self._last_step_skipped.assign(skipped))
-
-  def skipped_steps(self) -> tf.Tensor:
-    return _read_or(self._skipped_steps, tf.constant(0, tf.int64))
-
-  def last_step_skipped(self) -> tf.Tensor:
-    return _read_or(self._last_step_skipped, tf.constant(False))
+  if isinstance(loss_scale, DynamicLossScale):
+    return loss_scale._step_record  # pylint: disable=protected-access
+  return None
 
 
-def _monitoring_variable(name: str, initial_value: Any,
-                         dtype: tf.DType) -> tf.Variable:
-  if execution.in_tf1_graph():
-    return tf.compat.v1.Variable(
-        initial_value, name=name, dtype=dtype, trainable=False,
-        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
-        use_resource=True, synchronization=tf.VariableSynchronization.AUTO,
-        aggregation=tf.VariableAggregation.NONE)
-  return _state_variable(name, initial_value, dtype)
+def _run_if_not(condition: tf.Tensor, fn) -> List[Any]:
+  """Runs `fn` only when `condition` is False; its op to depend on, if any."""
+  if tf.executing_eagerly():
+    if not bool(condition):
+      fn()
+    return []
 
+  def run() -> tf.Tensor:
+    with tf.control_dependencies([fn()]):
+      return tf.constant(False)
 
-def _read_or(variable: tf.Variable, uninitialized: tf.Tensor) -> tf.Tensor:
-  if execution.in_tf1_graph():
-    return tf.cond(_is_initialized(variable), lambda: tf.identity(variable),
-                   lambda: uninitialized)
-  return tf.identity(variable)
-
-
-def _is_initialized(variable: tf.Variable) -> tf.Tensor:
-  return tf.compat.v1.is_variable_initialized(variable)
+  return [tf.cond(condition, lambda: tf.constant(True), run)]
 
 
 def _scalar_verdict(grads_finite: Union[bool, tf.Tensor]) -> tf.Tensor:

@@ -24,6 +24,10 @@ Use `write_summaries` in a custom training loop, `LossScaleCallback` with
 `model.fit` of either Keras family (Keras 3, or Keras 2: the `keras` 2.x of
 TensorFlow 2.15 and earlier and `tf_keras`), and `LossScaleHook` with
 `tf.compat.v1` sessions.
+
+Why a step was skipped: `last_skip` returns the latest skipped step's
+report (which variables held a NaN, which an inf, at what scale), kept by
+this library's loss scales; the callback and the hook log each report.
 """
 
 from typing import Any, Dict, Optional, Union
@@ -33,12 +37,22 @@ import keras
 import tensorflow as tf
 
 from tf_loss_scale import loss_scale as loss_scale_lib
+from tf_loss_scale import step_record
+
+SkipReport = step_record.SkipReport
 
 SCALE = 'loss_scale'
 GOOD_STEPS = 'good_steps'
 SKIPPED_STEPS = 'skipped_steps'
 NON_FINITE_STREAK = 'non_finite_streak'
 SKIPS_AT_FLOOR = 'skips_at_floor'
+# In Keras logs: why the latest skipped step was skipped, as a number that
+# the progress bar and `History` can show.
+SKIP_CAUSE = 'skip_cause'
+SKIP_CAUSE_CODES = {None: 0, step_record.OVERFLOW: 1, step_record.NAN: 2}
+# How many skipped steps are logged one by one before logging slows down to
+# the skipped steps whose count is a power of two.
+SKIPS_LOGGED_EACH = 10
 
 # TensorBoard tags, grouped under one section.
 TAGS = {
@@ -47,7 +61,11 @@ TAGS = {
     SKIPPED_STEPS: 'loss_scale/skipped_steps',
     NON_FINITE_STREAK: 'loss_scale/non_finite_streak',
     SKIPS_AT_FLOOR: 'loss_scale/skips_at_floor',
+    SKIP_CAUSE: 'loss_scale/skip_cause',
 }
+# The skip reports, as TensorBoard text.
+SKIP_REPORT_TAG = 'loss_scale/skipped_step'
+
 
 # The counters, each with the attribute names that hold it, in order.
 _COUNTERS = {
@@ -131,6 +149,121 @@ def _state_holder(source: LossScaleSource) -> Any:
       'optimizer to monitor it.')
 
 
+def last_skip(source: LossScaleSource,
+              session: Any = None) -> Optional[SkipReport]:
+  """Why the latest skipped step was skipped.
+
+  ```python
+  report = tf_loss_scale.monitoring.last_skip(opt)
+  if report is not None and report.cause == 'nan':
+    print('no loss scale cures this:', report.nan)
+  ```
+
+  Args:
+    source: A `DynamicLossScale`; an optimizer whose `loss_scale` property
+      is a `LossScale` (the `tf.compat.v1` wrapper, the TF 2.3-style Keras
+      wrapper); or this library's Keras 3-form `LossScaleOptimizer`.
+    session: For a loss scale built in a TF1 graph, the session that runs
+      it (a `tf.compat.v1.Session` or a `MonitoredSession`).
+
+  Returns:
+    The report of the latest skipped step in this process (a frozen
+    `SkipReport`: `step`, `loss_scale`, `nan`, `inf`, `cause`), kept through
+    later finite steps; None before any skipped step, and always for a
+    `FixedLossScale`, which never skips.
+
+  Raises:
+    TypeError: If `source` is none of the above (Keras's own loss scale
+      optimizers and a user's `LossScale` subclass keep no report).
+    ValueError: For a loss scale built in a TF1 graph, without its session.
+  """
+  record = _record_of(source)
+  if session is not None and not (hasattr(session, 'run') and
+                                  hasattr(session, 'graph')):
+    raise TypeError(
+        'session must be the tf.compat.v1.Session (or MonitoredSession) that '
+        f'runs the step, but got {session!r} of type '
+        f'{type(session).__name__}.')
+  return None if record is None else record.read(session)
+
+
+def _record_of(source: LossScaleSource) -> Optional[step_record.StepRecord]:
+  """The record `last_skip` reads; None for a `FixedLossScale`."""
+  found = getattr(source, 'loss_scale', None)
+  holder = source if isinstance(source, loss_scale_lib.LossScale) else found
+  if isinstance(holder, loss_scale_lib.FixedLossScale):
+    return None
+  if isinstance(holder, loss_scale_lib.DynamicLossScale):
+    record = loss_scale_lib.step_record_of(holder)
+  else:
+    # This library's Keras 3 form keeps its record next to Keras's state.
+    record = getattr(source, '_monitor', None)
+  if not isinstance(record, step_record.StepRecord):
+    raise TypeError(
+        'last_skip() reads the skip report that tf_loss_scale keeps: pass a '
+        'DynamicLossScale, an optimizer whose loss_scale is one '
+        '(MixedPrecisionLossScaleOptimizer, '
+        'tf_loss_scale.keras.experimental.LossScaleOptimizer) or a '
+        f'tf_loss_scale.keras.LossScaleOptimizer, but got {source!r} of type '
+        f'{type(source).__name__}.')
+  return record
+
+
+def _keeps_reports(source: LossScaleSource) -> bool:
+  """Whether `last_skip` reads `source`."""
+  try:
+    return _record_of(source) is not None
+  except TypeError:
+    return False
+
+
+class _SkipLog:
+  """Follows a source's skipped steps and logs their reports, one line each.
+
+  The first `SKIPS_LOGGED_EACH` skipped steps are logged, then one each
+  time the count of skipped steps (in this process) reaches the next power
+  of two, so that a run that skips for hours logs a few dozen lines; every
+  line says how many were skipped. Lines go to `absl.logging` (as
+  warnings), and the callback and the hook also write them to TensorBoard
+  as text.
+  """
+
+  def __init__(self, source: LossScaleSource):
+    self._source = source
+    self._seen = 0
+    self._logged = 0
+    self.cause = SKIP_CAUSE_CODES[None]
+
+  def follow(self, skipped: int, session: Any = None) -> Optional[str]:
+    """Reads the latest report if steps were skipped since the last call.
+
+    Args:
+      skipped: The source's count of skipped steps now.
+      session: The session, for a source built in a TF1 graph.
+
+    Returns:
+      The line logged, or None when none is due.
+    """
+    if skipped <= self._seen:
+      return None
+    self._seen = skipped
+    report = last_skip(self._source, session)
+    if report is None:
+      return None
+    self.cause = SKIP_CAUSE_CODES[report.cause]
+    previous = self._logged
+    if not (previous < SKIPS_LOGGED_EACH or
+            skipped.bit_length() > previous.bit_length()):
+      return None
+    self._logged = skipped
+    line = f'Loss scale: {report} [{skipped} skipped so far]'
+    if previous < SKIPS_LOGGED_EACH <= skipped:
+      line += ('; from here on, one line each time the count reaches a power '
+               'of two')
+    logging.warning(line)
+    return line
+
+
 def _is_keras_2_loss_scale_optimizer(source: Any) -> bool:
   # Keras 2's class (keras 2.x, tf_keras) keeps its good steps as
   # `dynamic_counter` (None for a fixed scale) and has no `dynamic_scale`.
@@ -144,6 +277,12 @@ def _is_keras_2_loss_scale_optimizer(source: Any) -> bool:
 _SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
     plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='scalars'),
     data_class='DATA_CLASS_SCALAR')
+
+
+# What TensorBoard's text plugin reads, for the skip reports.
+_TEXT_METADATA = tf.compat.v1.SummaryMetadata(
+    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='text'),
+    data_class='DATA_CLASS_TENSOR')
 
 
 def write_scalar(tag: str, value: Any,
@@ -192,6 +331,14 @@ class LossScaleCallback(keras.callbacks.Callback):
   the progress bar, `History` and later callbacks see them (list this
   callback before those you want to see them). With `log_dir`, they are also
   written as TensorBoard scalars.
+
+  For this library's loss scale optimizers, each skipped step's report
+  (`last_skip`) is logged in one line with `absl.logging` (the first
+  `SKIPS_LOGGED_EACH`, then one each time the count of skipped steps reaches
+  a power of two), written to TensorBoard as text under `SKIP_REPORT_TAG`
+  with `log_dir`, and the logs carry `skip_cause`: the latest skipped step's
+  cause as a number, 0 before any skipped step, 1 for an overflow, 2 for a
+  NaN (`SKIP_CAUSE_CODES`).
 
   ```python
   model.compile(optimizer=tf_loss_scale.keras.LossScaleOptimizer(opt), ...)
@@ -251,6 +398,7 @@ class LossScaleCallback(keras.callbacks.Callback):
     self._update_freq = update_freq
     self._loss_scale = loss_scale
     self._watched = None
+    self._skips = None
     self._writer = None
     # Keras numbers batches from 0 in every epoch; these turn its numbers
     # into indices counted from the start of training.
@@ -261,6 +409,8 @@ class LossScaleCallback(keras.callbacks.Callback):
     self._watched = (self._loss_scale if self._loss_scale is not None else
                      self.model.optimizer)
     _state_holder(self._watched)
+    self._skips = _SkipLog(self._watched) if _keeps_reports(
+        self._watched) else None
     self._epoch_start = 0
     self._last_index = -1
     if self._log_dir is not None and self._writer is None:
@@ -273,15 +423,15 @@ class LossScaleCallback(keras.callbacks.Callback):
     self._epoch_start = (epoch * steps if steps else self._last_index + 1)
 
   def on_train_batch_end(self, batch, logs=None):
-    values = self._read(logs)
     index = self._epoch_start + batch
+    values = self._read(logs, index)
     if isinstance(self._update_freq, int) and (
         index // self._update_freq > self._last_index // self._update_freq):
       self._write(values, index)
     self._last_index = index
 
   def on_epoch_end(self, epoch, logs=None):
-    values = self._read(logs)
+    values = self._read(logs, self._last_index)
     if self._update_freq == 'epoch':
       self._write(values, epoch)
 
@@ -289,8 +439,16 @@ class LossScaleCallback(keras.callbacks.Callback):
     if self._writer is not None:
       self._writer.flush()
 
-  def _read(self, logs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  def _read(self, logs: Optional[Dict[str, Any]], index: int
+           ) -> Dict[str, Any]:
     values = _to_python(state_tensors(self._watched))
+    if self._skips is not None:
+      line = self._skips.follow(values[SKIPPED_STEPS])
+      values[SKIP_CAUSE] = self._skips.cause
+      if line is not None and self._writer is not None:
+        with self._writer.as_default():
+          tf.summary.write(SKIP_REPORT_TAG, tf.constant(line), step=index,
+                           metadata=_TEXT_METADATA)
     if logs is not None:
       logs.update(values)
     return values
@@ -310,6 +468,11 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
   `every_n_steps` training runs it reads the state once the run is done,
   logs it with `absl.logging.info`, writes TensorBoard scalars to
   `output_dir` (if given) and keeps the last values in `latest`.
+
+  For this library's loss scales it also reads the count of skipped steps
+  after every run, and logs each skipped step's report (`last_skip`) in
+  one line, at the rate `LossScaleCallback` does, and writes it to
+  TensorBoard as text under `SKIP_REPORT_TAG` with `output_dir`.
 
   Steps are counted by the hook (runs since the session started, plus the
   global step at that time), not read from the global step, because a
@@ -351,11 +514,14 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
     self._fetches = None
     self._global_step = None
     self._writer = None
+    self._skips = None
     self._step = 0
     self.latest: Dict[str, Any] = {}
 
   def begin(self):
     self._fetches = state_tensors(self._source)
+    self._skips = (_SkipLog(self._source) if _keeps_reports(self._source)
+                   else None)
     self._global_step = tf.compat.v1.train.get_global_step()
     if self._output_dir is not None:
       self._writer = tf.compat.v1.summary.FileWriterCache.get(self._output_dir)
@@ -369,8 +535,18 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
     del run_values
     # A separate read, after the train op has finished: fetched with the
     # train op, the variables could be read before or after its update.
+    session = run_context.session
     if self._step % self._every_n_steps == 0:
-      self._record(run_context.session.run(self._fetches), self._step)
+      self._record(session.run(self._fetches), self._step)
+    if self._skips is not None:
+      line = self._skips.follow(
+          int(session.run(self._fetches[SKIPPED_STEPS])), session)
+      if line is not None and self._writer is not None:
+        self._writer.add_summary(tf.compat.v1.Summary(value=[
+            tf.compat.v1.Summary.Value(tag=SKIP_REPORT_TAG,
+                                       metadata=_TEXT_METADATA,
+                                       tensor=tf.make_tensor_proto(line))
+        ]), self._step)
     self._step += 1
 
   def end(self, session):

@@ -10,6 +10,7 @@ from tf_loss_scale import gradients
 from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import step
+from tf_loss_scale import step_record
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
 GradsAndVars = Sequence[Tuple[Any, tf.Variable]]
@@ -146,6 +147,7 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
         [g for g, _ in grads_and_vars], step.LossScaleState(self._loss_scale),
         lambda grads: self._optimizer.apply_gradients(
             list(zip(grads, variables)), global_step),
+        names=step_record.gradient_names(variables),
         name=name or self.get_name()).op
 
   def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:

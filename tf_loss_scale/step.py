@@ -68,6 +68,7 @@ import tensorflow as tf
 from tf_loss_scale import distribute
 from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
+from tf_loss_scale import step_record
 
 Verdict = Union[bool, tf.Tensor]
 
@@ -125,6 +126,22 @@ class ScaleState(abc.ABC):
     del grads
     return Decision(all_finite())
 
+  def report_skip(self, grads: List[Any], names: Sequence[str],
+                  summed: bool) -> Any:
+    """Writes why the step is skipped; runs only in the skip branch.
+
+    Runs in the cross-replica context, before `advance`.
+
+    Args:
+      grads: The step's unscaled gradients, as `decide` got them.
+      names: One name per gradient, for the report.
+      summed: Whether `grads` are the sums across replicas.
+
+    Returns:
+      An op in a graph, or None. By default nothing is recorded.
+    """
+    del grads, names, summed
+
   @abc.abstractmethod
   def advance(self, verdict: Verdict) -> Any:
     """Moves the state after the side taken has run (cross-replica context).
@@ -167,6 +184,14 @@ class LossScaleState(ScaleState):
     update_op, should_apply = self._loss_scale.update(grads)
     return Decision(should_apply, update_op)
 
+  def report_skip(self, grads: List[Any], names: Sequence[str],
+                  summed: bool) -> Any:
+    # A loss scale that decides in its own `update` reports there, if at all.
+    record = loss_scale_lib.step_record_of(self._loss_scale)
+    if not self._follows_the_rule or record is None:
+      return None
+    return record.report_skip(grads, names, self.scale(), summed)
+
   def advance(self, verdict: Verdict) -> Any:
     if self._follows_the_rule:
       return self._loss_scale.assign_next_state(verdict)
@@ -179,6 +204,7 @@ def apply_step(grads: Sequence[Any],
                scaled: Optional[Sequence[bool]] = None,
                reduces: bool = True,
                on_skip: Optional[Callable[[List[Any]], Any]] = None,
+               names: Optional[Sequence[str]] = None,
                name: Optional[str] = None) -> Outcome:
   """Unscales, decides, applies or skips, and then moves the state.
 
@@ -199,12 +225,20 @@ def apply_step(grads: Sequence[Any],
       once, in the cross-replica context, with the step's unscaled gradients
       (per-replica values under a strategy, or the sums when `reduces` is
       False); may return an op.
+    names: One name per gradient for the skip report (see
+      `tf_loss_scale.step_record.gradient_names`); by default positions.
     name: The name of `Outcome.op`.
 
   Returns:
     The step's `Outcome`.
   """
   grads = list(grads)
+  names = (tuple(names) if names is not None else
+           step_record.positions(len(grads)))
+  if len(names) != len(grads):
+    raise ValueError(
+        f'Got {len(grads)} gradients but {len(names)} names: pass one name '
+        'per gradient.')
   if scaled is not None:
     grads = unscale_where(grads, scaled, state.scale())
   if not reduces:
@@ -213,9 +247,20 @@ def apply_step(grads: Sequence[Any],
   def in_cross_replica(strategy: tf.distribute.Strategy,
                        grads: List[Any]) -> Outcome:
     decision = state.decide(grads, lambda: verdict(grads, summed=not reduces))
+
+    def skip_side() -> Any:
+      # The report first: it reads the loss scale's state as the step found
+      # it, and nothing here may run on a step that is applied.
+      reported = state.report_skip(grads, names, summed=not reduces)
+      done = [d for d in (reported, on_skip(grads) if on_skip else None)
+              if d is not None]
+      if tf.executing_eagerly() or not done:
+        return None
+      with tf.control_dependencies(done):
+        return tf.no_op()
+
     applied = distribute.apply_on_every_replica_if(
-        strategy, decision.verdict, apply_fn, (grads,),
-        on_skip=(lambda: on_skip(grads)) if on_skip else tf.no_op)
+        strategy, decision.verdict, apply_fn, (grads,), on_skip=skip_side)
     # The new state, only once the side taken has completed.
     with tf.control_dependencies(graph_elements(applied)):
       advanced = state.advance(decision.verdict)

@@ -39,6 +39,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import toy_training as toy  # pylint: disable=g-import-not-at-top
 import tf_loss_scale  # pylint: disable=g-import-not-at-top
 from tf_loss_scale import keras as tls_keras  # pylint: disable=g-import-not-at-top
+from tf_loss_scale import monitoring  # pylint: disable=g-import-not-at-top
 
 ROWS = 2          # rows per replica per step
 INITIAL_SCALE = 16.0
@@ -74,17 +75,28 @@ def _step_record(scale, good_steps, weights):
           'weights': ''.join(np.asarray(w).tobytes().hex() for w in weights)}
 
 
-def _print(name, per_step, final_variables):
+def _print(name, per_step, final_variables, optimizer, names):
+  """Prints one front end's results as a JSON line.
+
+  The skip report is printed with the variables' names replaced by their
+  labels in `names` ({framework name: label}).
+  """
+  report = monitoring.last_skip(optimizer)
   print(json.dumps({
       'front_end': name,
       'steps': per_step,
+      'skip_report': None if report is None else {
+          'step': report.step, 'loss_scale': report.loss_scale,
+          'nan': [names[n] for n in report.nan],
+          'inf': [names[n] for n in report.inf], 'cause': report.cause},
       'final': toy.record({
           label: strategy.experimental_local_results(v)
           for label, v in final_variables.items()}),
   }), flush=True)
 
 
-def _train(name, replica_step, scale_and_good_steps, weights, final):
+def _train(name, replica_step, scale_and_good_steps, weights, final,
+           optimizer, names):
   """Runs `replica_step(step)` in strategy.run in a tf.function, STEPS times.
 
   Args:
@@ -93,6 +105,8 @@ def _train(name, replica_step, scale_and_good_steps, weights, final):
     scale_and_good_steps: Returns the loss scale and good steps to record.
     weights: The model variables, fingerprinted after every step.
     final: Returns {label: variable} to record at the end.
+    optimizer: The loss scale optimizer, for its skip report.
+    names: {a variable's name in the report: its label}.
   """
   train_step = tf.function(
       lambda step: strategy.run(replica_step, args=(step,)))
@@ -100,7 +114,7 @@ def _train(name, replica_step, scale_and_good_steps, weights, final):
   for step in range(STEPS):
     train_step(tf.constant(step))
     per_step.append(_step_record(*scale_and_good_steps(), weights))
-  _print(name, per_step, final())
+  _print(name, per_step, final(), optimizer, names)
 
 
 def _loss_scale():
@@ -111,7 +125,8 @@ def _loss_scale():
 def run_v1():
   """MixedPrecisionLossScaleOptimizer inside strategy.run in a tf.function."""
   with strategy.scope():
-    kernel, bias = tf.Variable(toy.KERNEL), tf.Variable(toy.BIAS)
+    kernel = tf.Variable(toy.KERNEL, name='kernel')
+    bias = tf.Variable(toy.BIAS, name='bias')
     global_step = tf.Variable(0, dtype=tf.int64, name='global_step')
     optimizer = tf_loss_scale.MixedPrecisionLossScaleOptimizer(
         tf.compat.v1.train.MomentumOptimizer(toy.LEARNING_RATE, toy.MOMENTUM),
@@ -131,7 +146,7 @@ def run_v1():
              'loss_scale': loss_scale(),
              'good_steps': loss_scale.good_steps,
              'global_step': global_step,
-         })
+         }, optimizer, {kernel.name: 'kernel', bias.name: 'bias'})
 
 
 def run_experimental():
@@ -154,7 +169,8 @@ def run_experimental():
   _train('experimental', replica_step,
          lambda: (loss_scale(), loss_scale.good_steps), [kernel, bias],
          lambda: {'kernel': kernel, 'bias': bias,
-                  **toy.keras_optimizer_state(optimizer)})
+                  **toy.keras_optimizer_state(optimizer)},
+         optimizer, {kernel.path: 'kernel', bias.path: 'bias'})
 
 
 def run_keras():
@@ -174,7 +190,8 @@ def run_keras():
          lambda: (optimizer.dynamic_scale, optimizer.step_counter),
          [kernel, bias],
          lambda: {'kernel': kernel, 'bias': bias,
-                  **toy.keras_optimizer_state(optimizer)})
+                  **toy.keras_optimizer_state(optimizer)},
+         optimizer, {kernel.path: 'kernel', bias.path: 'bias'})
 
 
 def run_keras_fit():
@@ -208,9 +225,11 @@ def run_keras_fit():
 
   model.fit(strategy.distribute_datasets_from_function(dataset_fn),
             epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=[Record()])
+  kernel, bias = model.trainable_variables
   _print('keras_fit', per_step, {
       **{f'model/{v.path}': v for v in model.variables},
-      **toy.keras_optimizer_state(optimizer)})
+      **toy.keras_optimizer_state(optimizer)},
+         optimizer, {kernel.path: 'kernel', bias.path: 'bias'})
 
 
 for front_end in CONFIG['front_ends']:

@@ -43,6 +43,7 @@ from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
+from tf_loss_scale import step_record
 from tf_loss_scale.keras import families
 
 LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
@@ -333,7 +334,9 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
 
   def _apply_step(self, grads: Sequence[Any],
                   apply_inner: Callable[[List[Any]], Any],
-                  inner_sums: bool) -> Optional[tf.Operation]:
+                  inner_sums: bool,
+                  variables: Optional[Sequence[Any]] = None
+                 ) -> Optional[tf.Operation]:
     """Runs the step on unscaled gradients (`step.apply_step`).
 
     Call it in a replica context (inside `strategy.run`) or with no strategy.
@@ -345,6 +348,8 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
       inner_sums: Whether `apply_inner` sums the gradients across replicas
         itself; otherwise the step sums them once, decides on the sums and
         hands them to `apply_inner`, which must not sum them again.
+      variables: The gradients' variables, to name them in a skip report;
+        by default they are named by position.
 
     Returns:
       In a TF1 graph, one op that runs the step, the same on every replica;
@@ -360,7 +365,9 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
     distribute.require_replica_context(where)
     outcome = step.apply_step(
         grads, step.LossScaleState(self._loss_scale), apply_inner,
-        reduces=inner_sums, on_skip=lambda _: self._on_skipped_step())
+        reduces=inner_sums, on_skip=lambda _: self._on_skipped_step(),
+        names=(None if variables is None else
+               step_record.gradient_names(variables)))
     # Eagerly the step has run; in a tf.function its ops run in program
     # order. In a TF1 graph, the one op every replica returns, which a
     # Session can run (TF 2.3's one-op contract).

@@ -135,7 +135,7 @@ class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
         lambda grads: self.inner_optimizer.apply_gradients(
             list(zip(grads, variables)), name=name,
             experimental_aggregate_gradients=False),
-        inner_sums=not experimental_aggregate_gradients)
+        inner_sums=not experimental_aggregate_gradients, variables=variables)
 
   def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
     """Gradients of `loss`, computed on the scaled loss and unscaled (graphs).
@@ -240,7 +240,7 @@ class _New(slots.SlotsByVariable, checkpointing.HidesForwardedSlots, _Keras2):
         lambda grads: self.inner_optimizer.apply_gradients(
             list(zip(grads, variables)), name=name,
             skip_gradients_aggregation=True, **kwargs),
-        inner_sums=skip_gradients_aggregation)
+        inner_sums=skip_gradients_aggregation, variables=variables)
 
   def compute_gradients(self, loss: Any, var_list: Any,
                         tape: Optional[tf.GradientTape] = None

@@ -131,7 +131,7 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     # Keras 3's apply sums the gradients across replicas itself.
     self._apply_step(
         grads, lambda g: self.inner_optimizer.apply(g, trainable_variables),
-        inner_sums=True)
+        inner_sums=True, variables=trainable_variables)
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
                       name: Optional[str] = None,

@@ -31,6 +31,7 @@ from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
+from tf_loss_scale import step_record
 # First: refuses an unsupported Keras before anything subclasses Keras 3's.
 from tf_loss_scale.keras import keras3_support
 
@@ -161,7 +162,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         type(self).__name__)
     # Plain holders, so that neither Keras's variable tracking nor
     # checkpoints see what they hold.
-    self._monitor = _SkipMonitor()
+    self._monitor = step_record.StepRecord()
     self._scratch = _Scratch()
 
   def build(self, var_list: Sequence[Any]) -> None:
@@ -176,7 +177,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       # variables (for `apply(grads)` and `stateless_apply`). With the base
       # arguments at their defaults it creates no variable.
       keras.optimizers.Optimizer.build(self, var_list)
-    self._monitor.create()
+    # The skip report's flags, one per variable, made now so that they are
+    # not created while Keras traces its train function.
+    self._monitor.create(step_record.gradient_names(var_list))
     self._scratch.remember_layout(self.inner_optimizer)
 
   @property
@@ -249,7 +252,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         grads, _KerasScale(self),
         lambda unscaled: self.inner_optimizer.apply(
             unscaled, trainable_variables=trainable_variables),
-        scaled=_scaled_flags(grads, variables))
+        scaled=_scaled_flags(grads, variables),
+        names=step_record.gradient_names(variables))
 
   def stateless_apply(
       self, optimizer_variables: Sequence[Any], grads: Sequence[Any],
@@ -357,6 +361,13 @@ class _KerasScale(step.ScaleState):
       return self._values[0]
     return tf.convert_to_tensor(self._optimizer.dynamic_scale)
 
+  def report_skip(self, grads: List[Any], names: Sequence[str],
+                  summed: bool) -> Any:
+    if self._values is not None:
+      return None  # A stateless step assigns nothing.
+    return self._optimizer._monitor.report_skip(  # pylint: disable=protected-access
+        grads, names, self.scale(), summed)
+
   def advance(self, verdict: tf.Tensor) -> Any:
     opt = self._optimizer
     scale, counter = self._values or (
@@ -374,41 +385,10 @@ class _KerasScale(step.ScaleState):
       # program order inside a tf.function.
       opt.dynamic_scale.assign(new_scale)
       opt.step_counter.assign(new_counter)
-      return opt._monitor.record(verdict)  # pylint: disable=protected-access
+      return opt._monitor.record(  # pylint: disable=protected-access
+          tf.logical_not(verdict))
 
     return execution.op_in_graph_mode(assign)
-
-
-class _SkipMonitor:
-  """Counts skipped steps in variables that no checkpoint or file sees."""
-
-  def __init__(self):
-    self._skipped = None
-    self._last_skipped = None
-
-  def create(self) -> None:
-    # Created with the optimizer's other variables (in the strategy's scope
-    # when there is one), outside any tf.function being traced.
-    with tf.init_scope():
-      self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                  name='skipped_steps')
-      self._last_skipped = tf.Variable(False, trainable=False,
-                                       name='last_step_skipped')
-
-  def record(self, grads_finite: tf.Tensor) -> Any:
-    skipped = tf.logical_not(grads_finite)
-    return tf.group(self._skipped.assign_add(tf.cast(skipped, tf.int64)),
-                    self._last_skipped.assign(skipped))
-
-  def skipped_steps(self) -> tf.Tensor:
-    if self._skipped is None:
-      return tf.constant(0, tf.int64)
-    return tf.identity(self._skipped)
-
-  def last_step_skipped(self) -> tf.Tensor:
-    if self._last_skipped is None:
-      return tf.constant(False)
-    return tf.identity(self._last_skipped)
 
 
 class _Scratch:

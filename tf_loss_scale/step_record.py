@@ -1,0 +1,447 @@
+"""What the latest steps did, and why the latest skipped step was skipped.
+
+A `StepRecord` is monitoring state, kept next to a loss scale's state but
+never saved with it (checkpoints and `.keras` files keep the peers' layouts):
+
+- `skipped_steps`, `last_step_skipped` and `steps` (every step, applied or
+  skipped), moved once per step with the loss scale's state;
+- the skip report of the latest skipped step: the step's number, the scale
+  its gradients were computed with, and which gradients held a NaN and which
+  an inf. It is written only on a skipped step, from the step's skip branch
+  (`tf_loss_scale.step.apply_step`), so a finite step pays for the `steps`
+  counter alone.
+
+`SkipReport` is what `tf_loss_scale.monitoring.last_skip` returns. The
+per-gradient flags live in boolean variables, one pair per list of gradient
+names the record has seen (a "site"; most steps have one), created the first
+time a step with those names is traced: numbers only, so that the record
+works under XLA too, with the names kept in Python.
+
+In a TF1 graph the variables are local variables, which a default `Saver`
+leaves out and `MonitoredTrainingSession` initialises; a session that
+initialises only global ones still runs, and reads "no report" until a step
+is skipped.
+"""
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tf_loss_scale import distribute
+from tf_loss_scale import execution
+from tf_loss_scale import gradients
+
+OVERFLOW = 'overflow'
+NAN = 'nan'
+# A skipped step with no gradient flagged: under a strategy, the replicas'
+# largest magnitudes of different variables together passed the bound.
+NO_FLAG = 'the sum across replicas could overflow'
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipReport:
+  """Why one step was skipped.
+
+  Attributes:
+    step: How many steps, applied and skipped, went through the loss scale
+      (in this process) before the skipped one.
+    loss_scale: The scale the skipped step's gradients were computed with.
+    nan: The variables whose gradient held a NaN, in the step's order:
+      `tf.Variable.name`, a Keras variable's `path`, or `'gradient i'` (its
+      position) where no variable is known. Under a strategy, on any replica.
+    inf: The variables whose gradient held an inf of either sign, or whose
+      sum across replicas may overflow. A variable can be in both lists.
+    cause: `'nan'` when any gradient held a NaN (no loss scale cures that),
+      `'overflow'` otherwise (a lower scale does).
+  """
+  step: int
+  loss_scale: float
+  nan: Tuple[str, ...]
+  inf: Tuple[str, ...]
+  cause: str
+
+  def __str__(self) -> str:
+    found = []
+    if self.nan:
+      found.append(f'NaN in {", ".join(self.nan)}')
+    if self.inf:
+      found.append(f'inf in {", ".join(self.inf)}')
+    if not found:
+      found.append(NO_FLAG)
+    return (f'step {self.step} skipped at loss scale {self.loss_scale:g} '
+            f'({self.cause}): {"; ".join(found)}')
+
+
+def gradient_names(variables: Sequence[Any]) -> Tuple[str, ...]:
+  """The names a report gives the gradients of `variables`.
+
+  Args:
+    variables: One entry per gradient: a variable, or None where no variable
+      is known.
+
+  Returns:
+    A Keras variable's `path`, else `tf.Variable.name`, else `'gradient i'`.
+  """
+  names = []
+  for i, variable in enumerate(variables):
+    path = getattr(variable, 'path', None)
+    name = path if isinstance(path, str) else getattr(variable, 'name', None)
+    names.append(name if isinstance(name, str) else f'gradient {i}')
+  return tuple(names)
+
+
+def positions(count: int) -> Tuple[str, ...]:
+  """Names for `count` gradients whose variables are not known."""
+  return gradient_names([None] * count)
+
+
+class _Site:
+  """The report's flags for one list of gradient names."""
+
+  def __init__(self, index: int, names: Tuple[str, ...]):
+    self.names = names
+    count = len(names)
+    with tf.init_scope():
+      self.nan = _monitoring_variable(f'skip_nan_{index}', [False] * count,
+                                      tf.bool, [count])
+      self.inf = _monitoring_variable(f'skip_inf_{index}', [False] * count,
+                                      tf.bool, [count])
+      # In a TF1 graph, what `StepRecord.read` runs, made now: a graph may be
+      # finalized (as `MonitoredTrainingSession` does) before it is read.
+      self.reads = (_reads_in_graph(nan=self.nan, inf=self.inf)
+                    if execution.in_tf1_graph() else None)
+
+
+class StepRecord:
+  """A loss scale's monitoring state: step counts and the skip report.
+
+  Create its variables with `create()` where the loss scale creates its own
+  (in a strategy's scope when there is one), then call `record` once per
+  step with the step's verdict and `report_skip` from the skip branch.
+  """
+
+  def __init__(self):
+    self._variables = None
+    self._sites: Dict[Tuple[str, ...], _Site] = {}
+
+  @property
+  def created(self) -> bool:
+    return self._variables is not None
+
+  def create(self, names: Optional[Sequence[str]] = None) -> None:
+    """Creates the variables, outside any `tf.function` being traced.
+
+    Args:
+      names: The names of the gradients the steps will have, when they are
+        known now: their flags are created now too. Otherwise flags are
+        created the first time a step with given names is built, which
+        makes a `tf.function` trace its first call twice (as it does for any
+        variable it creates).
+    """
+    with tf.init_scope():
+      self._variables = {
+          'skipped_steps': _monitoring_variable('skipped_steps', 0, tf.int64),
+          'last_step_skipped': _monitoring_variable('last_step_skipped',
+                                                    False, tf.bool),
+          'steps': _monitoring_variable('steps', 0, tf.int64),
+          # -1 until a step is skipped.
+          'skip_step': _monitoring_variable('skip_step', -1, tf.int64),
+          'skip_loss_scale': _monitoring_variable('skip_loss_scale', 0.0,
+                                                  tf.float32),
+          'skip_site': _monitoring_variable('skip_site', 0, tf.int64),
+      }
+      self._graph = (None if tf.executing_eagerly() else
+                     tf.compat.v1.get_default_graph())
+      self._reads = (self._summary_reads() if execution.in_tf1_graph() else
+                     None)
+    if names is not None:
+      self._site(tuple(names))
+
+  def _summary_reads(self) -> Dict[str, tf.Tensor]:
+    v = self._variables
+    return _reads_in_graph(step=v['skip_step'], loss_scale=v['skip_loss_scale'],
+                           site=v['skip_site'])
+
+  def variables(self) -> Dict[str, tf.Variable]:
+    """Every variable of the record, by name (for SavedModel tracking)."""
+    found = dict(self._variables or {})
+    for index, site in enumerate(self._sites.values()):
+      found[f'skip_nan_{index}'] = site.nan
+      found[f'skip_inf_{index}'] = site.inf
+    return found
+
+  def record(self, skipped: tf.Tensor) -> Any:
+    """Counts one step, skipped or not; returns the op (graph) that does."""
+    v = self._variables
+    return tf.group(
+        _add([(v['skipped_steps'], tf.cast(skipped, tf.int64)),
+              (v['steps'], tf.constant(1, tf.int64))]),
+        v['last_step_skipped'].assign(skipped))
+
+  def report_skip(self, grads: List[Any], names: Sequence[str],
+                  scale: tf.Tensor, summed: bool) -> Any:
+    """Writes the report of a skipped step; run it only when skipping.
+
+    Call it in the cross-replica context (or with no strategy), before the
+    step is counted by `record`.
+
+    Args:
+      grads: The step's unscaled gradients (per-replica values under a
+        strategy).
+      names: One name per gradient.
+      scale: The loss scale the gradients were computed with.
+      summed: Whether `grads` are already the sums across replicas.
+
+    Returns:
+      The op that writes the report (graph); None eagerly.
+    """
+    names = tuple(names)
+    site = self._site(names)
+    nan, inf = _locate(grads, summed)
+    v = self._variables
+    return execution.op_in_graph_mode(lambda: tf.group(
+        site.nan.assign(nan), site.inf.assign(inf),
+        v['skip_site'].assign(list(self._sites).index(names)),
+        v['skip_loss_scale'].assign(tf.cast(scale, tf.float32)),
+        v['skip_step'].assign(_read_or(v['steps'], 0))))
+
+  def _site(self, names: Tuple[str, ...]) -> _Site:
+    if names not in self._sites:
+      self._sites[names] = _Site(len(self._sites), names)
+    return self._sites[names]
+
+  def skipped_steps(self) -> tf.Tensor:
+    if not self.created:
+      return tf.constant(0, tf.int64)
+    return _read_or(self._variables['skipped_steps'], 0)
+
+  def last_step_skipped(self) -> tf.Tensor:
+    if not self.created:
+      return tf.constant(False)
+    return _read_or(self._variables['last_step_skipped'], False)
+
+  def describe(self) -> tf.Tensor:
+    """The latest report as a string tensor, for messages built in a graph.
+
+    Returns:
+      A string scalar: `' The last skipped step: '` and the report as
+      `str(SkipReport)` words it, then `NAN_NOTE` when its cause is a NaN;
+      empty with no report.
+    """
+    v = self._variables
+    step = _read_or(v['skip_step'], -1)
+    # Entry 0 stands for "no site": no names.
+    texts, has_nan = [tf.constant('')], [tf.constant(False)]
+    for site in self._sites.values():
+      nan = _read_or(site.nan, [False] * len(site.names))
+      inf = _read_or(site.inf, [False] * len(site.names))
+      found = tf.stack([_listed('NaN in ', site.names, nan),
+                        _listed('inf in ', site.names, inf)])
+      texts.append(tf.strings.reduce_join(
+          tf.boolean_mask(found, tf.strings.length(found) > 0),
+          separator='; '))
+      has_nan.append(tf.reduce_any(nan))
+    which = tf.where(step >= 0, _read_or(v['skip_site'], 0) + 1,
+                     tf.constant(0, tf.int64))
+    found, nan_found = tf.gather(tf.stack(texts), which), tf.gather(
+        tf.stack(has_nan), which)
+    text = tf.strings.join([
+        ' The last skipped step: step ', tf.strings.as_string(step),
+        ' skipped at loss scale ',
+        tf.strings.as_string(_read_or(v['skip_loss_scale'], 0.0),
+                             shortest=True),
+        ' (', tf.where(nan_found, NAN, OVERFLOW), '): ',
+        tf.where(tf.strings.length(found) > 0, found, NO_FLAG), '.',
+        tf.where(nan_found, NAN_NOTE, '')])
+    return tf.where(step >= 0, text, '')
+
+  def read(self, session: Any = None) -> Optional[SkipReport]:
+    """The latest report, read eagerly or through `session` (TF1 graph).
+
+    Args:
+      session: The session that runs the step, for a record built in a TF1
+        graph; ignored otherwise.
+
+    Returns:
+      The latest report, or None before any skipped step.
+
+    Raises:
+      ValueError: For a record built in a TF1 graph, without a session or
+        with a session of another graph.
+    """
+    if not self.created:
+      return None
+    if self._graph is None:
+      run = lambda reads: {k: v.numpy() for k, v in reads.items()}
+      summary = run(self._summary_reads())
+    else:
+      if session is None:
+        raise ValueError(
+            'This loss scale was built in a TF1 graph: pass the Session that '
+            'runs it, as last_skip(obj, session=sess).')
+      if getattr(session, 'graph', None) is not self._graph:
+        raise ValueError(
+            'The session given runs another graph than the one this loss '
+            'scale was built in: pass the Session that runs its training '
+            'step.')
+      run = session.run
+      summary = run(self._reads)
+    if summary['step'] < 0:
+      return None
+    site = list(self._sites.values())[int(summary['site'])]
+    flags = run(site.reads if self._graph is not None else
+                _reads_in_graph(nan=site.nan, inf=site.inf))
+    nan = tuple(n for n, flag in zip(site.names, flags['nan']) if flag)
+    inf = tuple(n for n, flag in zip(site.names, flags['inf']) if flag)
+    return SkipReport(step=int(summary['step']),
+                      loss_scale=float(summary['loss_scale']), nan=nan,
+                      inf=inf, cause=NAN if nan else OVERFLOW)
+
+
+NAN_NOTE = (' A NaN is not an overflow: no loss scale will cure it. Look for '
+            'its source in the model, the loss or the inputs.')
+
+
+def note_for(report: Optional[SkipReport]) -> str:
+  """The sentences a collapse message adds about `report` (eagerly)."""
+  if report is None:
+    return ''
+  return f' The last skipped step: {report}.' + (
+      NAN_NOTE if report.cause == NAN else '')
+
+
+def _listed(prefix: str, names: Tuple[str, ...], flags: tf.Tensor
+           ) -> tf.Tensor:
+  if not names:
+    return tf.constant('')
+  found = tf.boolean_mask(tf.constant(names, tf.string), flags)
+  return tf.where(tf.reduce_any(flags), tf.strings.join(
+      [prefix, tf.strings.reduce_join(found, separator=', ')]), '')
+
+
+# ---- the flags of one step --------------------------------------------------
+
+
+def _locate(grads: List[Any], summed: bool) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Which gradients hold a NaN, and which an inf (or a sum that may overflow).
+
+  Under a strategy, in the cross-replica context, the union over replicas:
+  each local replica's gradients are read here (in the caller's thread, so
+  that the caller's control dependencies gate the reads), and across workers
+  the flags are summed with one all-reduce. `summed` gradients are the same
+  on every replica, so the first replica's are read.
+  """
+  if not tf.distribute.has_strategy():
+    return _flags(_kinds(grads), dtypes=None)
+  strategy = tf.distribute.get_strategy()
+  if summed:
+    return _flags(_kinds(distribute.first_replica_value(grads)), dtypes=None)
+  local = [None if g is None else strategy.experimental_local_results(g)
+           for g in grads]
+  replicas = max([len(l) for l in local if l is not None], default=0)
+  if replicas == strategy.num_replicas_in_sync:
+    total = tf.add_n([_kinds([None if l is None else l[r] for l in local])
+                      for r in range(replicas)] or [_kinds(grads)])
+  else:
+    total = strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        strategy.extended.call_for_each_replica(_kinds, args=(grads,)),
+        axis=None)
+  return _flags(total, dtypes=_dtypes_of(
+      distribute.first_replica_value(grads)))
+
+
+def _kinds(grads: List[Any]) -> tf.Tensor:
+  """Per gradient: [holds a NaN, holds an inf, largest finite |value|].
+
+  A float64 matrix with one row per gradient (zeros for None), so that the
+  replicas' and workers' rows can be added up.
+  """
+  rows = []
+  for grad in grads:
+    values = None if grad is None else gradients.dense_values(grad)[0]
+    if values is None or not values.dtype.is_floating:
+      rows.append(tf.zeros([3], tf.float64))
+      continue
+    finite = tf.math.is_finite(values)
+    largest = tf.reduce_max(tf.where(finite, tf.abs(values),
+                                     tf.zeros([], values.dtype)))
+    rows.append(tf.stack([
+        tf.cast(tf.reduce_any(tf.math.is_nan(values)), tf.float64),
+        tf.cast(tf.reduce_any(tf.math.is_inf(values)), tf.float64),
+        tf.maximum(tf.cast(largest, tf.float64), 0.0)]))
+  if not rows:
+    return tf.zeros([0, 3], tf.float64)
+  return tf.stack(rows)
+
+
+def _flags(kinds: tf.Tensor, dtypes: Optional[List[Optional[tf.DType]]]
+          ) -> Tuple[tf.Tensor, tf.Tensor]:
+  nan = kinds[:, 0] > 0
+  inf = kinds[:, 1] > 0
+  if dtypes:
+    # The replicas' largest magnitudes added up: past the bound the step
+    # checks (`distribute.sum_limit`), the sum may overflow.
+    limits = tf.constant([distribute.sum_limit(d) if d else float('inf')
+                          for d in dtypes], tf.float64)
+    inf = tf.logical_or(inf, kinds[:, 2] > limits)
+  return nan, inf
+
+
+def _dtypes_of(grads: List[Any]) -> List[Optional[tf.DType]]:
+  return [None if g is None else gradients.dense_values(g)[0].dtype
+          for g in grads]
+
+
+# ---- variables ----------------------------------------------------------------
+
+
+def _monitoring_variable(name: str, initial_value: Any, dtype: tf.DType,
+                         shape: Optional[List[int]] = None) -> tf.Variable:
+  """A variable no checkpoint sees: local in a TF1 graph."""
+  options = dict(name=name, dtype=dtype, trainable=False, shape=shape,
+                 synchronization=tf.VariableSynchronization.AUTO,
+                 aggregation=tf.VariableAggregation.NONE)
+  if execution.in_tf1_graph():
+    return tf.compat.v1.Variable(
+        initial_value, collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+        use_resource=True, **options)
+  return tf.Variable(initial_value, **options)
+
+
+def _add(increments: List[Tuple[tf.Variable, tf.Tensor]]) -> Any:
+  """Adds to counters created together; returns the op (graph)."""
+  def assign(method: str) -> tf.Operation:
+    return tf.group(*[getattr(variable, method)(increment)
+                      for variable, increment in increments])
+  if execution.in_tf1_graph():
+    # Uninitialised counters (a session that initialised only the global
+    # variables) are set rather than incremented.
+    return tf.cond(_is_initialized(increments[0][0]),
+                   lambda: assign('assign_add'), lambda: assign('assign'))
+  return assign('assign_add')
+
+
+def _read_or(variable: tf.Variable, uninitialized: Any) -> tf.Tensor:
+  """The variable's value; in a TF1 graph, `uninitialized` until it has one."""
+  if execution.in_tf1_graph():
+    return tf.cond(_is_initialized(variable), lambda: tf.identity(variable),
+                   lambda: tf.constant(uninitialized, variable.dtype))
+  return tf.identity(variable)
+
+
+def _reads_in_graph(**variables: tf.Variable) -> Dict[str, tf.Tensor]:
+  """Reads of the report's variables, by name; in a TF1 graph, None-safe.
+
+  A variable not yet initialised reads as "no report" (-1 for `step`) or as
+  its initial value otherwise; eagerly these are the values.
+  """
+  defaults = {'step': -1, 'loss_scale': 0.0, 'site': 0}
+  return {name: _read_or(variable, defaults[name] if name in defaults else
+                         [False] * variable.shape[0])
+          for name, variable in variables.items()}
+
+
+def _is_initialized(variable: tf.Variable) -> tf.Tensor:
+  return tf.compat.v1.is_variable_initialized(variable)
