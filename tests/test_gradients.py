@@ -164,7 +164,7 @@ def test_unscale_accepts_a_float16_scale():
     ([NAN, 1.0], 'bfloat16', False),
     ([1.0, INF], np.float64, False),
 ])
-@pytest.mark.parametrize('mode', ['eager', 'function', 'graph'])
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
 def test_all_finite_is_exact(values, dtype, expected, mode):
   tf_dtype = tf.bfloat16 if dtype == 'bfloat16' else tf.as_dtype(dtype)
 
@@ -229,6 +229,21 @@ def test_all_finite_in_a_tf1_graph_is_one_op_per_gradient_and_no_branch():
   # Besides the per-gradient summaries: one sum, one slice, one comparison
   # and their constant operands.
   assert len(added) <= 5 + 8, added
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
+def test_non_finite_kinds_tells_nan_from_inf_per_gradient(mode):
+  def kinds():
+    return gradients.non_finite_kinds([
+        tf.constant([1.0, INF]), None, tf.constant([NAN, -INF], tf.float16),
+        tf.constant([[3e38, -3e38]]), tf.constant([NAN], tf.bfloat16),
+        tf.IndexedSlices(tf.constant([[-INF]]), tf.constant([1]),
+                         tf.constant([4, 1])),
+        tf.zeros([0])])
+
+  nan, inf = _in_mode(mode, kinds)
+  assert nan.tolist() == [False, False, True, False, True, False, False]
+  assert inf.tolist() == [True, False, True, False, False, True, False]
 
 
 @pytest.mark.parametrize('grads', [[], [None], None, {'a': None, 'b': []}])

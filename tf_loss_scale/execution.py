@@ -30,3 +30,21 @@ def op_in_graph_mode(make_op: Callable[[], Any]) -> Optional[tf.Operation]:
   """
   op = make_op()
   return None if tf.executing_eagerly() else op
+
+
+def in_xla_computation() -> bool:
+  """Whether ops are being added to a computation that XLA compiles.
+
+  True while a `tf.function(jit_compile=True)` (or a function it calls) is
+  traced, which is how Keras compiles `model.fit`'s step with XLA.
+
+  Hook: `tf.__internal__.get_enclosing_xla_context()`, the function
+  TensorFlow exports for Keras to ask exactly this; no other API tells.
+  Why: a step's skip report must be read from the gradients differently
+  under XLA to stay free on finite steps (see
+  `tf_loss_scale.step_record.StepRecord.skip_reporter`). A TensorFlow
+  without it gets False: the report stays correct, only slower under XLA.
+  """
+  internal = getattr(tf, '__internal__', None)
+  enclosing = getattr(internal, 'get_enclosing_xla_context', None)
+  return enclosing is not None and enclosing() is not None

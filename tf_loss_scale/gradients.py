@@ -78,15 +78,16 @@ def all_finite(grads: Any) -> tf.Tensor:
 
   The answer is exact (large finite values never count as overflow) and is
   computed without a branch, but how depends on where:
-  - In a TF1 graph (a `tf.compat.v1.Session`), where every op is scheduled on
-    its own and nothing fuses, each float16/32/64 gradient gets one
+  - In a computation XLA compiles (`execution.in_xla_computation`), every
+    value is tested with `IsFinite`: XLA has no kernel for the debug op
+    below, and fuses this test into the ops that produce the gradients.
+  - Elsewhere (a TF1 graph, eagerly, a `tf.function`), where every op runs
+    on its own and nothing fuses, each float16/32/64 gradient gets one
     `DebugNumericSummaryV2` op in its CURT_HEALTH mode: one read of the
     gradient, no temporary the size of the gradient, and a flag that is 1
     when any value is inf or NaN. The flags are added up once. Fewer ops per
-    gradient is what matters in a graph of many small variables.
-  - Eagerly and in a `tf.function`, every value is tested with `IsFinite`. A
-    `tf.function` may be compiled by XLA, which has no kernel for the debug
-    op but fuses this test into the ops that produce the gradients.
+    gradient is what matters with many small variables, and the one read
+    what matters with large ones (see docs/benchmarks.md).
   bfloat16 gradients are always tested with `IsFinite` (the debug op has no
   GPU kernel for them).
 
@@ -100,7 +101,7 @@ def all_finite(grads: Any) -> tf.Tensor:
   values = dense_values(grads)
   if not values:
     return tf.constant(True)
-  if not execution.in_tf1_graph():
+  if execution.in_xla_computation():
     return _every_value_finite(values)
   summarized = [v for v in values if v.dtype in _SUMMARIZED_DTYPES]
   others = [v for v in values if v.dtype not in _SUMMARIZED_DTYPES]
@@ -179,6 +180,36 @@ def largest_magnitudes(grads: Any) -> tf.Tensor:
     return tf.zeros([0], tf.float64)
   return tf.stack([_magnitude_of(dtype, by_dtype[dtype])
                    for dtype in gradient_dtypes(grads)])
+
+
+def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Which gradients hold a NaN, and which an inf, for computations XLA runs.
+
+  Two predicate reductions per gradient, which XLA fuses with the ops that
+  produce the gradient: the form for a step XLA compiles, where reading the
+  gradients again only on a skipped step would make it keep them all in
+  memory on every step. (Elsewhere this is four kernels per gradient.)
+
+  Args:
+    grads: A list of gradients; `None` entries are False in both results,
+      `tf.IndexedSlices` are read through their values.
+
+  Returns:
+    Two bool vectors with one entry per gradient: holds a NaN, holds an inf
+    (of either sign); a gradient holding both is True in both.
+  """
+  nan, inf = [], []
+  for grad in grads:
+    if grad is None:
+      nan.append(tf.constant(False))
+      inf.append(tf.constant(False))
+      continue
+    values = dense_values(grad)[0]
+    nan.append(tf.reduce_any(tf.math.is_nan(values)))
+    inf.append(tf.reduce_any(tf.math.is_inf(values)))
+  if not grads:
+    return tf.zeros([0], tf.bool), tf.zeros([0], tf.bool)
+  return tf.stack(nan), tf.stack(inf)
 
 
 # A signed integer of each floating dtype's width: |x| has its sign bit

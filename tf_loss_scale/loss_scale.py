@@ -525,8 +525,8 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
     grads_finite = _scalar_verdict(
         distribute.all_finite_on_every_replica(grads))
     grads = tf.nest.flatten(grads)
-    reported = _run_if_not(grads_finite, lambda: self._step_record.report_skip(
-        grads, step_record.positions(len(grads)), self(), summed=False))
+    reported = _run_if_not(grads_finite, self._step_record.skip_reporter(
+        grads, step_record.positions(len(grads)), self, summed=False))
     with tf.control_dependencies(reported):
       return self.assign_next_state(grads_finite), grads_finite
 
@@ -599,8 +599,6 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
                 hysteresis=self._hysteresis)
 
   def _collapse_message(self, detail: str = '') -> str:
-    # The last skip report follows (`step_record`): it names the gradients
-    # and says whether a NaN, which no scale cures, was among them.
     return (
         'The dynamic loss scale has collapsed: '
         f'{_steps(self._collapse_patience)} in a row were skipped with the '

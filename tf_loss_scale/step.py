@@ -6,9 +6,15 @@ Each step every front end does the same thing, in this order:
 grads = grads / scale            # those that are gradients of the scaled loss
 verdict = are the gradients that will be applied all finite?
 if verdict: apply the gradients on every replica
-else:       skip the step on every replica (and run `on_skip`)
+else:       skip the step on every replica, write the skip report (which
+            gradients held a NaN, which an inf) and run `on_skip`
 state = rule(state, verdict)     # only once the side taken has completed
 ```
+
+The skip report (`tf_loss_scale.step_record`) reads the gradients on the
+skip side only, so that finite steps do not pay for it, except in a step
+XLA compiles: there the verdict itself is taken from per-gradient NaN and
+inf flags (`gradients.non_finite_kinds`), which the report then keeps.
 
 The step is a transaction: the loss scale's state (its scale, its counters
 and its monitoring record) moves only after the side taken has completed. An
@@ -60,17 +66,20 @@ on its verdict, and runs `update`'s op with the step in a graph.
 """
 
 import abc
-from typing import (Any, Callable, List, NamedTuple, Optional, Sequence,
+from typing import (Any, Callable, List, NamedTuple, Optional, Sequence, Tuple,
                     Union)
 
 import tensorflow as tf
 
 from tf_loss_scale import distribute
+from tf_loss_scale import execution
 from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import step_record
 
 Verdict = Union[bool, tf.Tensor]
+# Returns the gradients' NaN and inf flags, two bool vectors.
+Flags = Callable[[], Tuple[tf.Tensor, tf.Tensor]]
 
 
 class Decision(NamedTuple):
@@ -126,21 +135,27 @@ class ScaleState(abc.ABC):
     del grads
     return Decision(all_finite())
 
-  def report_skip(self, grads: List[Any], names: Sequence[str],
-                  summed: bool) -> Any:
-    """Writes why the step is skipped; runs only in the skip branch.
+  def skip_reporter(self, grads: List[Any], names: Sequence[str],
+                    summed: bool, flags: Optional[Flags] = None
+                   ) -> Optional[Callable[[], Any]]:
+    """Prepares the report of why the step is skipped, if the state keeps one.
 
-    Runs in the cross-replica context, before `advance`.
+    Called in the cross-replica context before the step takes a side; what
+    it returns is called only on the skip side, before `advance`.
 
     Args:
       grads: The step's unscaled gradients, as `decide` got them.
       names: One name per gradient, for the report.
       summed: Whether `grads` are the sums across replicas.
+      flags: Returns the gradients' NaN and inf flags, when the step
+        computes them with the verdict; otherwise the report reads them.
 
     Returns:
-      An op in a graph, or None. By default nothing is recorded.
+      A function that writes the report (returning an op in a graph), or
+      None. By default nothing is recorded.
     """
-    del grads, names, summed
+    del grads, names, summed, flags
+    return None
 
   @abc.abstractmethod
   def advance(self, verdict: Verdict) -> Any:
@@ -184,13 +199,14 @@ class LossScaleState(ScaleState):
     update_op, should_apply = self._loss_scale.update(grads)
     return Decision(should_apply, update_op)
 
-  def report_skip(self, grads: List[Any], names: Sequence[str],
-                  summed: bool) -> Any:
+  def skip_reporter(self, grads: List[Any], names: Sequence[str],
+                    summed: bool, flags: Optional[Flags] = None
+                   ) -> Optional[Callable[[], Any]]:
     # A loss scale that decides in its own `update` reports there, if at all.
     record = loss_scale_lib.step_record_of(self._loss_scale)
     if not self._follows_the_rule or record is None:
       return None
-    return record.report_skip(grads, names, self.scale(), summed)
+    return record.skip_reporter(grads, names, self.scale, summed, flags)
 
   def advance(self, verdict: Verdict) -> Any:
     if self._follows_the_rule:
@@ -246,13 +262,22 @@ def apply_step(grads: Sequence[Any],
 
   def in_cross_replica(strategy: tf.distribute.Strategy,
                        grads: List[Any]) -> Outcome:
-    decision = state.decide(grads, lambda: verdict(grads, summed=not reduces))
+    all_finite = lambda: verdict(grads, summed=not reduces)
+    flags = None
+    if execution.in_xla_computation() and not tf.distribute.has_strategy():
+      # One fused pass gives the verdict and the report's flags: a skip side
+      # that read the gradients would make XLA keep them all in memory.
+      flags = _once(lambda: gradients.non_finite_kinds(grads))
+      all_finite = lambda: tf.logical_not(
+          tf.reduce_any(tf.logical_or(*flags())))
+    decision = state.decide(grads, all_finite)
+    report = state.skip_reporter(grads, names, summed=not reduces,
+                                 flags=flags)
 
     def skip_side() -> Any:
-      # The report first: it reads the loss scale's state as the step found
-      # it, and nothing here may run on a step that is applied.
-      reported = state.report_skip(grads, names, summed=not reduces)
-      done = [d for d in (reported, on_skip(grads) if on_skip else None)
+      # Nothing here may run on a step that is applied.
+      done = [d for d in (report() if report else None,
+                          on_skip(grads) if on_skip else None)
               if d is not None]
       if tf.executing_eagerly() or not done:
         return None
@@ -318,6 +343,18 @@ def unscale_where(grads: List[Any], scaled: Sequence[bool],
   unscaled = gradients.unscale(
       [g if s else None for g, s in zip(grads, scaled)], scale)
   return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
+
+
+def _once(fn: Callable[[], Any]) -> Callable[[], Any]:
+  """`fn`, computed on the first call and reused after."""
+  results = []
+
+  def once() -> Any:
+    if not results:
+      results.append(fn())
+    return results[0]
+
+  return once
 
 
 def graph_elements(*values: Any) -> List[Union[tf.Tensor, tf.Operation]]:

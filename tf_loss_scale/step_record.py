@@ -24,7 +24,7 @@ is skipped.
 """
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -53,7 +53,10 @@ class SkipReport:
     inf: The variables whose gradient held an inf of either sign, or whose
       sum across replicas may overflow. A variable can be in both lists.
     cause: `'nan'` when any gradient held a NaN (no loss scale cures that),
-      `'overflow'` otherwise (a lower scale does).
+      `'overflow'` otherwise (a lower scale does): infinities, or under a
+      strategy sums across replicas that could overflow (with both lists
+      empty when no single variable's could, only their largest magnitudes
+      together).
   """
   step: int
   loss_scale: float
@@ -179,32 +182,44 @@ class StepRecord:
               (v['steps'], tf.constant(1, tf.int64))]),
         v['last_step_skipped'].assign(skipped))
 
-  def report_skip(self, grads: List[Any], names: Sequence[str],
-                  scale: tf.Tensor, summed: bool) -> Any:
-    """Writes the report of a skipped step; run it only when skipping.
+  def skip_reporter(self, grads: List[Any], names: Sequence[str],
+                    scale: Callable[[], tf.Tensor], summed: bool,
+                    flags: Optional[Callable[[], Tuple[tf.Tensor, tf.Tensor]]]
+                    = None) -> Callable[[], Any]:
+    """Prepares the report of a step that may be skipped.
 
-    Call it in the cross-replica context (or with no strategy), before the
-    step is counted by `record`.
+    Call it in the cross-replica context (or with no strategy) before the
+    step takes a side, and call what it returns only on the skip side,
+    before `record` counts the step.
 
     Args:
       grads: The step's unscaled gradients (per-replica values under a
         strategy).
       names: One name per gradient.
-      scale: The loss scale the gradients were computed with.
+      scale: Returns the loss scale the gradients were computed with.
       summed: Whether `grads` are already the sums across replicas.
+      flags: Returns the gradients' NaN and inf flags (bool vectors), when
+        the step computes them with its verdict (under XLA). Otherwise the
+        skip side reads the gradients, by one function call, so that a
+        finite step does not pay for it.
 
     Returns:
-      The op that writes the report (graph); None eagerly.
+      A function that writes the report and returns its op (graph), or None
+      eagerly.
     """
     names = tuple(names)
     site = self._site(names)
-    nan, inf = _locate(grads, summed)
     v = self._variables
-    return execution.op_in_graph_mode(lambda: tf.group(
-        site.nan.assign(nan), site.inf.assign(inf),
-        v['skip_site'].assign(list(self._sites).index(names)),
-        v['skip_loss_scale'].assign(tf.cast(scale, tf.float32)),
-        v['skip_step'].assign(_read_or(v['steps'], 0))))
+
+    def write() -> Any:
+      nan, inf = flags() if flags else _locate(grads, summed)
+      return execution.op_in_graph_mode(lambda: tf.group(
+          site.nan.assign(nan), site.inf.assign(inf),
+          v['skip_site'].assign(list(self._sites).index(names)),
+          v['skip_loss_scale'].assign(tf.cast(scale(), tf.float32)),
+          v['skip_step'].assign(_read_or(v['steps'], -1))))
+
+    return write
 
   def _site(self, names: Tuple[str, ...]) -> _Site:
     if names not in self._sites:
@@ -327,53 +342,93 @@ def _locate(grads: List[Any], summed: bool) -> Tuple[tf.Tensor, tf.Tensor]:
   """Which gradients hold a NaN, and which an inf (or a sum that may overflow).
 
   Under a strategy, in the cross-replica context, the union over replicas:
-  each local replica's gradients are read here (in the caller's thread, so
-  that the caller's control dependencies gate the reads), and across workers
-  the flags are summed with one all-reduce. `summed` gradients are the same
-  on every replica, so the first replica's are read.
+  each local replica's gradients are read by one call on its device (in the
+  caller's thread, so that the caller's control dependencies gate it), and
+  across workers the results are summed with one all-reduce. `summed` gradients
+  are the same on every replica, so the first replica's are read.
   """
   if not tf.distribute.has_strategy():
-    return _flags(_kinds(grads), dtypes=None)
+    return _flags(_summed_kinds([_values(grads)]), dtypes=None)
   strategy = tf.distribute.get_strategy()
   if summed:
-    return _flags(_kinds(distribute.first_replica_value(grads)), dtypes=None)
+    return _flags(_summed_kinds(
+        [_values(distribute.first_replica_value(grads))]), dtypes=None)
   local = [None if g is None else strategy.experimental_local_results(g)
            for g in grads]
-  replicas = max([len(l) for l in local if l is not None], default=0)
+  replicas = max([len(l) for l in local if l is not None], default=1)
   if replicas == strategy.num_replicas_in_sync:
-    total = tf.add_n([_kinds([None if l is None else l[r] for l in local])
-                      for r in range(replicas)] or [_kinds(grads)])
+    # One call per replica, on its device: its gradients are not copied
+    # to another device (a copy that a finite step would also pay).
+    per_replica = []
+    for r in range(replicas):
+      values = _values([None if l is None else l[r] for l in local])
+      device = next((v.device for v in values if v is not None), None)
+      with tf.device(device):
+        per_replica.append(_summed_kinds([values]))
+    total = tf.add_n(per_replica)
   else:
     total = strategy.reduce(
         tf.distribute.ReduceOp.SUM,
-        strategy.extended.call_for_each_replica(_kinds, args=(grads,)),
+        strategy.extended.call_for_each_replica(
+            lambda g: _summed_kinds([_values(g)]), args=(grads,)),
         axis=None)
-  return _flags(total, dtypes=_dtypes_of(
-      distribute.first_replica_value(grads)))
+  return _flags(total, dtypes=[
+      None if v is None else v.dtype
+      for v in _values(distribute.first_replica_value(grads))])
 
 
-def _kinds(grads: List[Any]) -> tf.Tensor:
+def _values(grads: List[Any]) -> List[Optional[tf.Tensor]]:
+  """Each gradient's values (an `IndexedSlices`'s `values`), None kept."""
+  return [None if g is None else gradients.dense_values(g)[0] for g in grads]
+
+
+def _kinds_summed_over(replicas: List[List[Optional[tf.Tensor]]]
+                      ) -> tf.Tensor:
   """Per gradient: [holds a NaN, holds an inf, largest finite |value|].
 
-  A float64 matrix with one row per gradient (zeros for None), so that the
-  replicas' and workers' rows can be added up.
+  A float64 matrix with one row per gradient (zeros for None), added up
+  over `replicas` (each a list of gradient values), so that the rows of
+  other workers can be added to it.
   """
-  rows = []
-  for grad in grads:
-    values = None if grad is None else gradients.dense_values(grad)[0]
-    if values is None or not values.dtype.is_floating:
-      rows.append(tf.zeros([3], tf.float64))
-      continue
-    finite = tf.math.is_finite(values)
-    largest = tf.reduce_max(tf.where(finite, tf.abs(values),
-                                     tf.zeros([], values.dtype)))
-    rows.append(tf.stack([
-        tf.cast(tf.reduce_any(tf.math.is_nan(values)), tf.float64),
-        tf.cast(tf.reduce_any(tf.math.is_inf(values)), tf.float64),
-        tf.maximum(tf.cast(largest, tf.float64), 0.0)]))
-  if not rows:
-    return tf.zeros([0, 3], tf.float64)
-  return tf.stack(rows)
+  total = None
+  for values in replicas:
+    rows = [_kinds_of(v) for v in values]
+    kinds = tf.stack(rows) if rows else tf.zeros([0, 3], tf.float64)
+    total = kinds if total is None else total + kinds
+  return total
+
+
+def _kinds_of(values: Optional[tf.Tensor]) -> tf.Tensor:
+  if values is None or not values.dtype.is_floating:
+    return tf.zeros([3], tf.float64)
+  largest = tf.reduce_max(tf.where(tf.math.is_finite(values), tf.abs(values),
+                                   tf.zeros([], values.dtype)))
+  return tf.stack([
+      tf.cast(tf.reduce_any(tf.math.is_nan(values)), tf.float64),
+      tf.cast(tf.reduce_any(tf.math.is_inf(values)), tf.float64),
+      tf.maximum(tf.cast(largest, tf.float64), 0.0)])
+
+
+def _one_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`fn` as one function call in the graphs that call it.
+
+  A call that TensorFlow inlined would leave hundreds of ops per replica
+  on the step's skip side, which an executor visits (as dead ops) on every
+  finite step too. `_noinline`, a function attribute of TensorFlow's
+  runtime that `tf.function` accepts from TensorFlow 2.15 on, keeps the
+  call one op, whose body runs only when the call does. Earlier
+  TensorFlows refuse it; there the call is inlined: the same report, at
+  that cost.
+  """
+  options = dict(autograph=False, reduce_retracing=True)
+  try:
+    return tf.function(fn, experimental_attributes={'_noinline': True},
+                       **options)
+  except ValueError:
+    return tf.function(fn, **options)
+
+
+_summed_kinds = _one_call(_kinds_summed_over)
 
 
 def _flags(kinds: tf.Tensor, dtypes: Optional[List[Optional[tf.DType]]]
@@ -387,11 +442,6 @@ def _flags(kinds: tf.Tensor, dtypes: Optional[List[Optional[tf.DType]]]
                           for d in dtypes], tf.float64)
     inf = tf.logical_or(inf, kinds[:, 2] > limits)
   return nan, inf
-
-
-def _dtypes_of(grads: List[Any]) -> List[Optional[tf.DType]]:
-  return [None if g is None else gradients.dense_values(g)[0].dtype
-          for g in grads]
 
 
 # ---- variables ----------------------------------------------------------------

@@ -18,7 +18,7 @@ from 3.12 and 3.10 on.
 
 import math
 import numbers
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -361,12 +361,13 @@ class _KerasScale(step.ScaleState):
       return self._values[0]
     return tf.convert_to_tensor(self._optimizer.dynamic_scale)
 
-  def report_skip(self, grads: List[Any], names: Sequence[str],
-                  summed: bool) -> Any:
+  def skip_reporter(self, grads: List[Any], names: Sequence[str],
+                    summed: bool, flags: Optional[step.Flags] = None
+                   ) -> Optional[Callable[[], Any]]:
     if self._values is not None:
       return None  # A stateless step assigns nothing.
-    return self._optimizer._monitor.report_skip(  # pylint: disable=protected-access
-        grads, names, self.scale(), summed)
+    return self._optimizer._monitor.skip_reporter(  # pylint: disable=protected-access
+        grads, names, self.scale, summed, flags)
 
   def advance(self, verdict: tf.Tensor) -> Any:
     opt = self._optimizer
