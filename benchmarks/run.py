@@ -15,8 +15,9 @@ gradient until all exist, apply; no check, no state) and prints its ratio to
 the reference: the least overhead an exact skip built from TensorFlow ops can
 have without reading the gradients. Every row also counts the ops each
 wrapper adds to the traced step (over the bare step's; ops in called
-functions, such as the branches of a conditional, included) and checks that
-ours ends with the same variable values as the reference. Rows under a
+functions, such as the branches of a conditional, included, but for the
+bodies of functions never inlined, which run only when called) and checks
+that ours ends with the same variable values as the reference. Rows under a
 strategy also count the cross-replica reductions per step of each variant,
 and among them the collective ops (benchmarks/collectives.py). Results go to benchmarks/results.json (or
 --json PATH).
@@ -119,10 +120,18 @@ def _identical(a, b):
 
 
 def _op_count(graph_def) -> dict:
-  """Ops of a traced step: at top level, and with every called function's."""
-  in_functions = sum(len(f.node_def) for f in graph_def.library.function)
+  """Ops of a traced step: at top level, and with every called function's.
+
+  A function that is never inlined (`_noinline`, such as the skip report's
+  reads) is one op where it is called, and its body runs only when the call
+  does: its ops are counted apart, under 'not_inlined'.
+  """
+  functions = graph_def.library.function
+  not_inlined = sum(len(f.node_def) for f in functions if '_noinline' in f.attr)
+  in_functions = sum(len(f.node_def) for f in functions) - not_inlined
   return {'top': len(graph_def.node),
-          'all': len(graph_def.node) + in_functions}
+          'all': len(graph_def.node) + in_functions,
+          'not_inlined': not_inlined}
 
 
 def _measure_row(mode, shape, args):
