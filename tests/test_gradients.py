@@ -365,6 +365,61 @@ def test_largest_magnitudes_reads_each_gradient_in_one_reduction():
   assert 'IsFinite' not in types and 'If' not in types, types
 
 
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
+@pytest.mark.parametrize('where,value,expected', [
+    (0, -3.0, 3.0),       # in the first small gradient
+    (7, 5.0, 5.0),        # in the last small gradient
+    (8, -6.0, 6.0),       # in the large gradient
+    (2, INF, INF),
+    (5, -NAN, INF),
+    (8, NAN, INF),
+])
+def test_largest_magnitudes_reads_small_gradients_together_exactly(
+    where, value, expected, mode):
+  # Eight small gradients of varied shapes (a scalar, an empty one) and one
+  # larger than the group limit; every entry is at most 2 but `value`.
+  shapes = [[2, 3], [], [4], [0, 5], [3, 1, 2], [7], [1], [2, 2],
+            [gradients._GROUPED_SIZE + 1]]
+
+  def largest():
+    grads = []
+    for i, shape in enumerate(shapes):
+      grad = tf.fill(shape, tf.constant(-2.0 if i % 2 else 1.5, tf.float16))
+      if i == where:
+        flat = tf.reshape(grad, [-1])
+        flat = tf.tensor_scatter_nd_update(
+            flat, [[tf.size(flat) - 1]], tf.constant([value], tf.float16))
+        grad = tf.reshape(flat, shape)
+      grads.append(grad)
+    return gradients.largest_magnitudes(grads)
+
+  result = _in_mode(mode, largest)
+  assert result.tolist() == [expected], (
+      f'{mode}: {value} in gradient {where} gave {result.tolist()}')
+
+
+def test_largest_magnitudes_concatenates_small_gradients_once_per_dtype():
+  big = gradients._GROUPED_SIZE + 1
+  with tf.Graph().as_default() as graph:
+    small = [tf.compat.v1.placeholder(tf.float32, shape)
+             for shape in ([3], [2, 2], [])]
+    half = [tf.compat.v1.placeholder(tf.float16, [5]) for _ in range(2)]
+    large = tf.compat.v1.placeholder(tf.float32, [big])
+    unknown = tf.compat.v1.placeholder(tf.float32, [None])
+    before = {op.name for op in graph.get_operations()}
+    gradients.largest_magnitudes(small + half + [large, unknown])
+    added = [op for op in graph.get_operations() if op.name not in before]
+  types = [op.type for op in added]
+  assert types.count('ConcatV2') == 2, types
+  for grad in small + half:
+    assert [op.type for op in grad.consumers()] == ['Reshape'], grad
+  for grad in (large, unknown):
+    assert [op.type for op in grad.consumers()] == ['Abs'], grad
+  # float32: the group, the large and the unknown one, then their maximum;
+  # float16: the group alone.
+  assert types.count('Max') == 3 + 1 + 1, types
+
+
 # --- dense_values -------------------------------------------------------------
 
 

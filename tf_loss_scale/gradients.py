@@ -145,13 +145,19 @@ def gradient_dtypes(grads: Any) -> Tuple[tf.DType, ...]:
 def largest_magnitudes(grads: Any) -> tf.Tensor:
   """The largest magnitude among the gradients of each dtype.
 
-  One reduction per gradient, the same kernel eagerly, in a `tf.function`,
+  Every value is read once, by the same kernels eagerly, in a `tf.function`,
   under XLA and in a TF1 graph: the largest bit pattern of `|g|` read as an
   unsigned magnitude, i.e. as an integer of the same width. For values whose
   sign is cleared, the integer order of IEEE bit patterns is the order of
   magnitudes, and inf and NaN have the largest patterns (every NaN above
   inf). Unlike a floating point maximum, which XLA computes without
-  propagating NaN, an integer maximum cannot lose a NaN.
+  propagating NaN, an integer maximum cannot lose a NaN. Gradients whose
+  size is known and small (`_GROUPED_SIZE` values at most) are reduced
+  together, as one flat concatenation per dtype: copying a few thousand
+  values costs less than the kernels of a reduction of their own, which is
+  what a step with many small variables (biases, norms) pays for on every
+  replica. Larger gradients, and those of unknown size, are reduced one by
+  one.
 
   Args:
     grads: A gradient or a nested structure of gradients of float16,
@@ -174,12 +180,13 @@ def largest_magnitudes(grads: Any) -> tf.Tensor:
           f'Gradients must be float16, bfloat16, float32 or float64 to be '
           f'checked for overflow, but got a gradient of dtype '
           f'{values.dtype.name}.')
-    by_dtype.setdefault(values.dtype, []).append(
-        tf.reduce_max(tf.bitcast(tf.abs(values), _BITS_OF[values.dtype])))
+    by_dtype.setdefault(values.dtype, []).append(values)
   if not by_dtype:
     return tf.zeros([0], tf.float64)
-  return tf.stack([_magnitude_of(dtype, by_dtype[dtype])
-                   for dtype in gradient_dtypes(grads)])
+  return tf.stack([
+      _magnitude_of(dtype, [_largest_pattern(v)
+                            for v in _read_together(by_dtype[dtype])])
+      for dtype in gradient_dtypes(grads)])
 
 
 def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -216,6 +223,31 @@ def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
 # clear, so its bit pattern is a non-negative integer of that type.
 _BITS_OF = {tf.float16: tf.int16, tf.bfloat16: tf.int16,
             tf.float32: tf.int32, tf.float64: tf.int64}
+
+
+# Gradients of at most this many values are reduced together (see
+# `largest_magnitudes`): 64 KiB of float32, about what a CPU core copies in
+# the time a reduction kernel of its own takes to launch.
+_GROUPED_SIZE = 1 << 14
+
+
+def _read_together(values: List[tf.Tensor]) -> List[tf.Tensor]:
+  # The tensors to reduce for `values` (all of one dtype): the small ones as
+  # one flat concatenation, the others as they are.
+  small = [v for v in values if _is_small(v)]
+  if len(small) < 2:
+    return values
+  return ([tf.concat([tf.reshape(v, [-1]) for v in small], axis=0)] +
+          [v for v in values if not _is_small(v)])
+
+
+def _is_small(values: tf.Tensor) -> bool:
+  size = values.shape.num_elements()
+  return size is not None and size <= _GROUPED_SIZE
+
+
+def _largest_pattern(values: tf.Tensor) -> tf.Tensor:
+  return tf.reduce_max(tf.bitcast(tf.abs(values), _BITS_OF[values.dtype]))
 
 
 def _magnitude_of(dtype: tf.DType, patterns: List[tf.Tensor]) -> tf.Tensor:
