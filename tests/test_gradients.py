@@ -349,20 +349,75 @@ def test_largest_magnitudes_refuses_a_non_float_gradient():
     gradients.largest_magnitudes([tf.constant([1, 2])])
 
 
-def test_largest_magnitudes_reads_each_gradient_in_one_reduction():
+def test_largest_magnitudes_reads_each_gradient_by_its_extremes():
+  # Outside XLA every op is a kernel of its own: each gradient is read by one
+  # Max and one Min reduction, and by nothing that writes a temporary its
+  # size (such as Abs); the extremes of each dtype are then compared once.
   with tf.Graph().as_default() as graph:
-    grads = [tf.compat.v1.placeholder(tf.float32, [None, 3]) for _ in range(4)]
+    big = [gradients._GROUPED_SIZE + 1]
+    grads = [tf.compat.v1.placeholder(tf.float32, big) for _ in range(4)]
     grads.append(tf.compat.v1.placeholder(tf.float16, [7]))
     before = {op.name for op in graph.get_operations()}
     gradients.largest_magnitudes(grads)
     added = [op for op in graph.get_operations() if op.name not in before]
-  readers = {g.name: [op.type for op in g.consumers()] for g in grads}
-  assert all(types == ['Abs'] for types in readers.values()), readers
+  readers = {g.name: sorted(op.type for op in g.consumers()) for g in grads}
+  assert all(types == ['Max', 'Min'] for types in readers.values()), readers
   types = [op.type for op in added]
-  # One reduction per gradient, and one per dtype over the per-gradient
-  # results; no finite check besides.
-  assert types.count('Max') == 5 + 1, types
+  assert types.count('Max') == 5 + 2 and types.count('Min') == 5, types
   assert 'IsFinite' not in types and 'If' not in types, types
+
+
+def test_largest_magnitudes_under_xla_reads_each_gradient_in_one_reduction():
+  # XLA fuses |g| into its reduction, and its floating point maximum would
+  # not propagate NaN: one integer maximum of the bit patterns per gradient.
+  grads = [tf.zeros([gradients._GROUPED_SIZE + 1]) for _ in range(3)]
+  fn = tf.function(lambda *g: gradients.largest_magnitudes(list(g)),
+                   jit_compile=True)
+  graph = fn.get_concrete_function(*grads).graph
+  types = [op.type for op in graph.get_operations()]
+  assert types.count('Abs') == 3 and types.count('Min') == 0, types
+  assert types.count('Max') == 3 + 1, types
+
+
+@pytest.mark.parametrize('dtype', [tf.float16, tf.bfloat16, tf.float32,
+                                   tf.float64])
+@pytest.mark.parametrize('mode', ['eager', 'function', 'graph'])
+def test_largest_magnitudes_sees_a_nan_anywhere_in_a_large_gradient(mode,
+                                                                    dtype):
+  # Outside XLA the NaN reaches the result through TensorFlow's Max and Min
+  # reductions, which run vectorized and on several threads over a large
+  # tensor: a NaN at the start, at a lane boundary, mid-way or last, among
+  # values of either sign, must not be lost by any of them.
+  size = (1 << 16) + 5
+
+  def largest(position, fill):
+    grad = tf.fill([size], tf.constant(fill, dtype))
+    grad = tf.tensor_scatter_nd_update(grad, [[position]],
+                                       tf.constant([NAN], dtype))
+    return gradients.largest_magnitudes([grad])
+
+  for position in (0, 7, 8, 15, 16, size // 2, size - 1):
+    for fill in (-3.0, 2.0):
+      result = _in_mode(mode, lambda: largest(position, fill))
+      assert result.tolist() == [INF], (
+          f'{mode}: {dtype.name} NaN at {position} among {fill} gave '
+          f'{result.tolist()}')
+
+
+def test_largest_magnitudes_of_an_empty_gradient_of_unknown_size_is_zero():
+  spec = tf.TensorSpec([None], tf.float32)
+  fn = tf.function(lambda g: gradients.largest_magnitudes([g]),
+                   input_signature=[spec])
+  assert fn(tf.zeros([0])).numpy().tolist() == [0.0]
+  assert fn(tf.constant([-3.0, 2.0])).numpy().tolist() == [3.0]
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    grads = [tf.compat.v1.placeholder(tf.float16, [None]),
+             tf.compat.v1.placeholder(tf.float16, [None, 2])]
+    largest = gradients.largest_magnitudes(grads)
+    feed = {grads[0]: np.zeros([0]), grads[1]: np.zeros([0, 2])}
+    assert session.run(largest, feed).tolist() == [0.0]
+    feed[grads[1]] = [[1.0, -NAN]]
+    assert session.run(largest, feed).tolist() == [INF]
 
 
 @pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
@@ -413,11 +468,13 @@ def test_largest_magnitudes_concatenates_small_gradients_once_per_dtype():
   assert types.count('ConcatV2') == 2, types
   for grad in small + half:
     assert [op.type for op in grad.consumers()] == ['Reshape'], grad
-  for grad in (large, unknown):
-    assert [op.type for op in grad.consumers()] == ['Abs'], grad
-  # float32: the group, the large and the unknown one, then their maximum;
-  # float16: the group alone.
-  assert types.count('Max') == 3 + 1 + 1, types
+  assert sorted(op.type for op in large.consumers()) == ['Max', 'Min']
+  assert sorted(op.type for op in unknown.consumers()) == ['Max', 'Min',
+                                                           'Size']
+  # The extremes of float32's group, large and unknown gradient, then of
+  # float16's group, each dtype's compared once.
+  assert types.count('Min') == 3 + 1, types
+  assert types.count('Max') == 3 + 1 + 1 + 1, types
 
 
 # --- dense_values -------------------------------------------------------------

@@ -145,19 +145,22 @@ def gradient_dtypes(grads: Any) -> Tuple[tf.DType, ...]:
 def largest_magnitudes(grads: Any) -> tf.Tensor:
   """The largest magnitude among the gradients of each dtype.
 
-  Every value is read once, by the same kernels eagerly, in a `tf.function`,
-  under XLA and in a TF1 graph: the largest bit pattern of `|g|` read as an
-  unsigned magnitude, i.e. as an integer of the same width. For values whose
-  sign is cleared, the integer order of IEEE bit patterns is the order of
-  magnitudes, and inf and NaN have the largest patterns (every NaN above
-  inf). Unlike a floating point maximum, which XLA computes without
-  propagating NaN, an integer maximum cannot lose a NaN. Gradients whose
-  size is known and small (`_GROUPED_SIZE` values at most) are reduced
-  together, as one flat concatenation per dtype: copying a few thousand
-  values costs less than the kernels of a reduction of their own, which is
-  what a step with many small variables (biases, norms) pays for on every
-  replica. Larger gradients, and those of unknown size, are reduced one by
-  one.
+  Every value is read once, without a temporary the size of a gradient
+  where TensorFlow runs each op as a kernel of its own (eagerly, in a
+  `tf.function`, in a TF1 graph): the largest and the smallest value of
+  each gradient, which TensorFlow's `Max` and `Min` reductions compute
+  propagating NaN, on CPU and GPU alike. Under XLA, which fuses `|g|` into
+  its reduction but computes floating point maxima without propagating NaN,
+  the largest bit pattern of `|g|` read as an integer of the same width.
+  Either way the extremes are compared as such bit patterns: for values
+  whose sign is cleared, the integer order of IEEE bit patterns is the order
+  of magnitudes, inf and NaN have the largest patterns (every NaN above
+  inf), and an integer maximum cannot lose a NaN. Gradients whose size is
+  known and small (`_GROUPED_SIZE` values at most) are reduced together, as
+  one flat concatenation per dtype: copying a few thousand values costs
+  less than the kernels of a reduction of their own, which is what a step
+  with many small variables (biases, norms) pays for on every replica.
+  Larger gradients, and those of unknown size, are reduced one by one.
 
   Args:
     grads: A gradient or a nested structure of gradients of float16,
@@ -183,10 +186,8 @@ def largest_magnitudes(grads: Any) -> tf.Tensor:
     by_dtype.setdefault(values.dtype, []).append(values)
   if not by_dtype:
     return tf.zeros([0], tf.float64)
-  return tf.stack([
-      _magnitude_of(dtype, [_largest_pattern(v)
-                            for v in _read_together(by_dtype[dtype])])
-      for dtype in gradient_dtypes(grads)])
+  return tf.stack([_magnitude_of(dtype, _read_together(by_dtype[dtype]))
+                   for dtype in gradient_dtypes(grads)])
 
 
 def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -246,15 +247,40 @@ def _is_small(values: tf.Tensor) -> bool:
   return size is not None and size <= _GROUPED_SIZE
 
 
-def _largest_pattern(values: tf.Tensor) -> tf.Tensor:
-  return tf.reduce_max(tf.bitcast(tf.abs(values), _BITS_OF[values.dtype]))
+def _largest_patterns(values: List[tf.Tensor]) -> List[tf.Tensor]:
+  # Scalars whose maximum is the largest bit pattern of `|v|` over `values`
+  # (of one dtype); none for gradients known to be empty.
+  bits = _BITS_OF[values[0].dtype]
+  if execution.in_xla_computation():
+    return [tf.reduce_max(tf.bitcast(tf.abs(v), bits)) for v in values]
+  extremes = [e for v in values for e in _extremes(v)]
+  if not extremes:
+    return []
+  return [tf.reduce_max(tf.bitcast(tf.abs(tf.stack(extremes)), bits))]
 
 
-def _magnitude_of(dtype: tf.DType, patterns: List[tf.Tensor]) -> tf.Tensor:
-  # The largest of the gradients' largest patterns, back as a value.
+def _extremes(values: tf.Tensor) -> List[tf.Tensor]:
+  # The largest and smallest of `values` (NaN when any is NaN), or zeros
+  # for an empty tensor, whose reductions give the dtype's extremes.
+  size = values.shape.num_elements()
+  if size == 0:
+    return []
+  extremes = [tf.reduce_max(values), tf.reduce_min(values)]
+  if size is None:
+    nonempty = tf.size(values) > 0
+    extremes = [tf.where(nonempty, e, tf.zeros([], e.dtype))
+                for e in extremes]
+  return extremes
+
+
+def _magnitude_of(dtype: tf.DType, values: List[tf.Tensor]) -> tf.Tensor:
+  # The largest `|v|` over `values` (of `dtype`), as a float64 scalar.
+  patterns = _largest_patterns(values)
+  if not patterns:
+    return tf.zeros([], tf.float64)
   largest = (patterns[0] if len(patterns) == 1 else
              tf.reduce_max(tf.stack(patterns)))
-  # An empty gradient's maximum is the integer type's lowest value.
+  # An empty gradient's maximum under XLA is the integer type's lowest value.
   largest = tf.maximum(largest, tf.zeros([], largest.dtype))
   inf_pattern = tf.bitcast(tf.constant(float('inf'), dtype), largest.dtype)
   return tf.where(largest < inf_pattern,
