@@ -95,9 +95,26 @@ class _BarrierFloorV1:
     grads_and_vars = optimizer.compute_gradients(loss * scale,
                                                  var_list=var_list)
     grads = gradients.unscale([g for g, _ in grads_and_vars], scale)
-    with tf.control_dependencies([tf.group(*grads)]):
+    with tf.control_dependencies(self.barrier(grads)):
       held = [tf.identity(g) for g in grads]
     return optimizer.apply_gradients(zip(held, var_list))
+
+  def barrier(self, grads):
+    """What every gradient waits for before any is applied."""
+    return [tf.group(*grads)]
+
+
+class _ReadFloorV1(_BarrierFloorV1):
+  """The barrier floor, with every gradient also read once before it.
+
+  Whether a gradient holds an inf or a NaN cannot be known without reading
+  each of its values: here that read is one `Max` reduction per gradient (one
+  kernel, no temporary) whose result nothing uses but the barrier. It still
+  has no verdict, no branch and no loss scale update.
+  """
+
+  def barrier(self, grads):
+    return [tf.group(*grads, *[tf.reduce_max(g) for g in grads])]
 
 
 # family -> {variant name: optimizer factory}; the first variant is the bare
@@ -107,7 +124,7 @@ FAMILIES = {
     'keras': {'bare': _bare_keras, 'ours': _ours_keras, 'keras3': _keras3},
 }
 # family -> {name: factory} of a floor variant timed beside the others.
-FLOORS = {'v1': {'floor': _BarrierFloorV1}}
+FLOORS = {'v1': {'floor': _BarrierFloorV1, 'read_floor': _ReadFloorV1}}
 
 
 def build(mode: str, family: str, variant: str, workload: Workload,
