@@ -20,8 +20,8 @@ def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
   Outside any strategy this is `gradients.all_finite(grads)`. Under a strategy
   it must run in the cross-replica context, where `grads` are each replica's
   own gradients (per-replica values) that the optimizer will all-reduce when
-  it applies them. Each replica reads each of its gradients once
-  (`gradients.largest_magnitudes`), and the replicas' largest magnitudes are
+  it applies them. Each replica reads its gradients for their largest
+  magnitudes (`gradients.largest_magnitudes`), and the replicas' are
   added up, as described in `_sums_fit`: an overflow on any replica, or one
   that only the sum would make, is seen by all. When every replica runs in
   this process they are added here, with no collective op; across workers

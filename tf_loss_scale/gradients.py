@@ -145,13 +145,15 @@ def gradient_dtypes(grads: Any) -> Tuple[tf.DType, ...]:
 def largest_magnitudes(grads: Any) -> tf.Tensor:
   """The largest magnitude among the gradients of each dtype.
 
-  Every value is read once, without a temporary the size of a gradient
-  where TensorFlow runs each op as a kernel of its own (eagerly, in a
-  `tf.function`, in a TF1 graph): the largest and the smallest value of
-  each gradient, which TensorFlow's `Max` and `Min` reductions compute
-  propagating NaN, on CPU and GPU alike. Under XLA, which fuses `|g|` into
-  its reduction but computes floating point maxima without propagating NaN,
-  the largest bit pattern of `|g|` read as an integer of the same width.
+  Where TensorFlow runs each op as a kernel of its own (eagerly, in a
+  `tf.function`, in a TF1 graph), each gradient is read by two reductions
+  and nothing else, with no temporary the size of the gradient: its largest
+  and its smallest value, which TensorFlow's `Max` and `Min` compute
+  propagating NaN, on CPU and GPU alike (`|g|` would be written out whole
+  before being read again). Under XLA, which fuses `|g|` into one reduction
+  but computes floating point maxima without propagating NaN, each gradient
+  is read once, for the largest bit pattern of `|g|` read as an integer of
+  the same width.
   Either way the extremes are compared as such bit patterns: for values
   whose sign is cleared, the integer order of IEEE bit patterns is the order
   of magnitudes, inf and NaN have the largest patterns (every NaN above
