@@ -496,3 +496,80 @@ def test_python_numbers_are_gradients_too():
   assert [v.numpy().item() for v in values] == [1.0, 3.0]
   assert bool(gradients.all_finite([1.0, 2.0]))
   assert not bool(gradients.all_finite([1.0, float('nan')]))
+
+
+# --- kinds_by_gradient -----------------------------------------------------------
+
+
+def _expected_kinds(arrays):
+  rows = []
+  for a in arrays:
+    if a is None or not np.issubdtype(a.dtype, np.floating):
+      rows.append([0.0, 0.0, 0.0])
+      continue
+    a = a.astype(np.float64)
+    finite = np.abs(a[np.isfinite(a)])
+    rows.append([float(np.isnan(a).any()), float(np.isinf(a).any()),
+                 float(finite.max()) if finite.size else 0.0])
+  return rows
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
+def test_kinds_by_gradient_reads_small_and_large_gradients_alike(mode):
+  big = gradients._GROUPED_SIZE + 3
+  rng = np.random.default_rng(5)
+
+  def gradient(size, dtype, specials=()):
+    a = rng.uniform(-3.0, 3.0, size)
+    for position, value in specials:
+      a[position] = value
+    if dtype == 'bfloat16':
+      return a
+    with np.errstate(over='ignore'):  # -70000.0 is -inf in float16
+      return a.astype(np.float32).astype(dtype)
+  cases = [
+      (gradient(6, np.float32, [(2, np.nan), (4, -np.inf)]), tf.float32),
+      (gradient(5, np.float32), tf.float32),
+      (None, None),
+      (gradient(0, np.float32), tf.float32),
+      (gradient(7, np.float32, [(6, np.inf)]), tf.float32),
+      (gradient(big, np.float32, [(big - 1, np.nan)]), tf.float32),
+      (gradient(3, np.float16, [(0, -np.nan)]), tf.float16),
+      (gradient(9, np.float16, [(8, -70000.0)]), tf.float16),  # -inf
+      (gradient(4, np.float64, [(1, -1e300)]), tf.float64),
+      (np.array([1, 2], np.int32), tf.int32),
+      (gradient(5, np.float32, [(0, 3e38), (1, np.inf)]), tf.float32),
+  ]
+  bf16 = gradient(4, 'bfloat16', [(3, np.inf)])
+
+  def kinds():
+    values = [None if a is None else tf.constant(a, dtype)
+              for a, dtype in cases]
+    values.append(tf.cast(tf.constant(bf16, tf.float64), tf.bfloat16))
+    return gradients.kinds_by_gradient(values)
+
+  arrays = [a if a is None or dtype != tf.float16 else a.astype(np.float16)
+            for a, dtype in cases]
+  arrays.append(tf.cast(tf.cast(tf.constant(bf16), tf.bfloat16),
+                        tf.float64).numpy())
+  expected = _expected_kinds(arrays)
+  result = _in_mode(mode, kinds)
+  assert result.shape == (len(expected), 3)
+  for i, (got, want) in enumerate(zip(result.tolist(), expected)):
+    assert got == want, f'{mode}: gradient {i} gave {got}, expected {want}'
+  assert _in_mode(mode, lambda: gradients.kinds_by_gradient([])).shape == (
+      0, 3)
+
+
+def test_kinds_by_gradient_adds_no_op_per_small_gradient_but_its_reshape():
+  # A traced step holds its ops in memory: a skip side of a dozen ops per
+  # variable was the largest part of a step's memory with many variables.
+  def ops_for(count):
+    with tf.Graph().as_default() as graph:
+      values = [tf.compat.v1.placeholder(tf.float32, [3, 2])
+                for _ in range(count)]
+      before = len(graph.get_operations())
+      gradients.kinds_by_gradient(values)
+      return len(graph.get_operations()) - before
+
+  assert ops_for(40) - ops_for(20) == 20

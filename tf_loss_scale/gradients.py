@@ -6,7 +6,7 @@ A gradient may be a dense tensor, a `tf.IndexedSlices` (kept sparse) or `None`
 (kept as `None` and otherwise ignored).
 """
 
-from typing import Any, Callable, List, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -196,9 +196,10 @@ def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
   """Which gradients hold a NaN, and which an inf, for computations XLA runs.
 
   Two predicate reductions per gradient, which XLA fuses with the ops that
-  produce the gradient: the form for a step XLA compiles, where reading the
-  gradients again only on a skipped step would make it keep them all in
-  memory on every step. (Elsewhere this is four kernels per gradient.)
+  produce the gradient: the form for a step XLA compiles, which turns the
+  step's branch into selects, so that reading the gradients again only on
+  a skipped step would read them on every step. (Elsewhere this is four
+  kernels per gradient.)
 
   Args:
     grads: A list of gradients; `None` entries are False in both results,
@@ -222,6 +223,77 @@ def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
   return tf.stack(nan), tf.stack(inf)
 
 
+def kinds_by_gradient(values: List[Optional[tf.Tensor]]) -> tf.Tensor:
+  """What kind of values each gradient holds, for the skip report.
+
+  Meant for a step's skip side, which reads every gradient once more. The
+  small gradients of a dtype (of known size, `_GROUPED_SIZE` values at most)
+  are read together, as one concatenation, and answered per gradient by
+  segment reductions: a few ops per dtype instead of a dozen per gradient,
+  which a traced step would hold in memory for every variable. Larger
+  gradients are read one by one, and so is every gradient under XLA.
+
+  Args:
+    values: Gradient values: dense tensors, or `None` (and tensors that are
+      not floating point), which get a row of zeros.
+
+  Returns:
+    A float64 matrix with a row per entry of `values`: [1.0 if it holds a
+    NaN, 1.0 if it holds an inf, its largest finite magnitude (0 if none)].
+  """
+  groups = {}
+  for i, v in enumerate(values):
+    if v is not None and v.dtype.is_floating:
+      together = _is_small(v) and not execution.in_xla_computation()
+      groups.setdefault((v.dtype.name, together), []).append(i)
+  blocks, row_of = [], {}
+  for (_, together), members in sorted(groups.items()):
+    tensors = [values[i] for i in members]
+    for i in members:
+      row_of[i] = len(row_of)
+    blocks.append(_kinds_together(tensors) if together else
+                  tf.stack([_kinds_of(v) for v in tensors]))
+  # One more row, of zeros, for the entries without a gradient to read.
+  blocks.append(tf.zeros([1, 3], tf.float64))
+  table = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=0)
+  rows = [row_of.get(i, len(row_of)) for i in range(len(values))]
+  return tf.gather(table, tf.constant(rows, tf.int32, shape=[len(rows)]))
+
+
+def _kinds_of(values: tf.Tensor) -> tf.Tensor:
+  # `kinds_by_gradient`'s row of one gradient.
+  largest = tf.reduce_max(tf.where(tf.math.is_finite(values), tf.abs(values),
+                                   tf.zeros([], values.dtype)))
+  return tf.stack([
+      tf.cast(tf.reduce_any(tf.math.is_nan(values)), tf.float64),
+      tf.cast(tf.reduce_any(tf.math.is_inf(values)), tf.float64),
+      tf.maximum(tf.cast(largest, tf.float64), 0.0)])
+
+
+def _kinds_together(values: List[tf.Tensor]) -> tf.Tensor:
+  # `kinds_by_gradient`'s rows of gradients of one dtype and known sizes.
+  sizes = [v.shape.num_elements() for v in values]
+  flat = _concatenated(values)
+  segments = tf.repeat(tf.range(len(values)), sizes)
+  count = len(values)
+
+  def any_per_gradient(found: tf.Tensor) -> tf.Tensor:
+    # A gradient without values is in no segment: its maximum is the
+    # lowest int32, which is not above 0 either.
+    return tf.cast(tf.math.unsorted_segment_max(
+        tf.cast(found, tf.int32), segments, count) > 0, tf.float64)
+
+  # float16 and bfloat16 magnitudes are exact in float32.
+  wide = flat if flat.dtype == tf.float64 else tf.cast(flat, tf.float32)
+  largest = tf.math.unsorted_segment_max(
+      tf.where(tf.math.is_finite(wide), tf.abs(wide), tf.zeros([], wide.dtype)),
+      segments, count)
+  return tf.stack([
+      any_per_gradient(tf.math.is_nan(flat)),
+      any_per_gradient(tf.math.is_inf(flat)),
+      tf.maximum(tf.cast(largest, tf.float64), 0.0)], axis=1)
+
+
 # A signed integer of each floating dtype's width: |x| has its sign bit
 # clear, so its bit pattern is a non-negative integer of that type.
 _BITS_OF = {tf.float16: tf.int16, tf.bfloat16: tf.int16,
@@ -240,8 +312,14 @@ def _read_together(values: List[tf.Tensor]) -> List[tf.Tensor]:
   small = [v for v in values if _is_small(v)]
   if len(small) < 2:
     return values
-  return ([tf.concat([tf.reshape(v, [-1]) for v in small], axis=0)] +
+  return ([_concatenated(small)] +
           [v for v in values if not _is_small(v)])
+
+
+def _concatenated(values: List[tf.Tensor]) -> tf.Tensor:
+  # `values` flattened into one vector; their reshapes share one shape.
+  flat_shape = tf.constant([-1])
+  return tf.concat([tf.reshape(v, flat_shape) for v in values], axis=0)
 
 
 def _is_small(values: tf.Tensor) -> bool:

@@ -386,27 +386,11 @@ def _kinds_summed_over(replicas: List[List[Optional[tf.Tensor]]]
                       ) -> tf.Tensor:
   """Per gradient: [holds a NaN, holds an inf, largest finite |value|].
 
-  A float64 matrix with one row per gradient (zeros for None), added up
-  over `replicas` (each a list of gradient values), so that the rows of
-  other workers can be added to it.
+  `gradients.kinds_by_gradient` of each of `replicas` (each a list of
+  gradient values), added up, so that the rows of other workers can be
+  added to it.
   """
-  total = None
-  for values in replicas:
-    rows = [_kinds_of(v) for v in values]
-    kinds = tf.stack(rows) if rows else tf.zeros([0, 3], tf.float64)
-    total = kinds if total is None else total + kinds
-  return total
-
-
-def _kinds_of(values: Optional[tf.Tensor]) -> tf.Tensor:
-  if values is None or not values.dtype.is_floating:
-    return tf.zeros([3], tf.float64)
-  largest = tf.reduce_max(tf.where(tf.math.is_finite(values), tf.abs(values),
-                                   tf.zeros([], values.dtype)))
-  return tf.stack([
-      tf.cast(tf.reduce_any(tf.math.is_nan(values)), tf.float64),
-      tf.cast(tf.reduce_any(tf.math.is_inf(values)), tf.float64),
-      tf.maximum(tf.cast(largest, tf.float64), 0.0)])
+  return tf.add_n([gradients.kinds_by_gradient(values) for values in replicas])
 
 
 def _one_call(fn: Callable[..., Any]) -> Callable[..., Any]:
