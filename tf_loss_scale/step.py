@@ -265,8 +265,9 @@ def apply_step(grads: Sequence[Any],
     all_finite = lambda: verdict(grads, summed=not reduces)
     flags = None
     if execution.in_xla_computation() and not tf.distribute.has_strategy():
-      # One fused pass gives the verdict and the report's flags: a skip side
-      # that read the gradients would make XLA keep them all in memory.
+      # The report's flags give the verdict too: XLA turns the branch into
+      # selects, so a skip side that read the gradients would read them on
+      # every step.
       flags = _once(lambda: gradients.non_finite_kinds(grads))
       all_finite = lambda: tf.logical_not(
           tf.reduce_any(tf.logical_or(*flags())))
