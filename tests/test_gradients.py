@@ -239,11 +239,54 @@ def test_non_finite_kinds_tells_nan_from_inf_per_gradient(mode):
         tf.constant([[3e38, -3e38]]), tf.constant([NAN], tf.bfloat16),
         tf.IndexedSlices(tf.constant([[-INF]]), tf.constant([1]),
                          tf.constant([4, 1])),
-        tf.zeros([0])])
+        tf.zeros([0]), tf.constant(NAN, tf.float64)])
 
   nan, inf = _in_mode(mode, kinds)
-  assert nan.tolist() == [False, False, True, False, True, False, False]
-  assert inf.tolist() == [True, False, True, False, False, True, False]
+  assert nan.tolist() == [False, False, True, False, True, False, False, True]
+  assert inf.tolist() == [True, False, True, False, False, True, False, False]
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
+def test_non_finite_kinds_counts_every_window_exactly(mode):
+  # Values are coded and summed in windows of 32: a window full of infs, or
+  # of NaNs, one holding both, and the padded last window must all be told
+  # apart, in a gradient whose size is not a multiple of the window.
+  size = gradients._WINDOWED_SIZE + 5 * 32 + 7
+  cases = {
+      'finite': ([], [], False, False),
+      'window of infs': (range(32, 64), [], False, True),
+      'window of NaNs': ([], range(64, 96), True, False),
+      'both in a window': ([1, 3, 31], [2], True, True),
+      'both, in two windows': ([40], [4000], True, True),
+      'inf in the padded window': ([size - 1], [], False, True),
+      'NaN in the padded window': ([], [size - 7], True, False),
+      'every value both ways': (range(0, size, 2), range(1, size, 2), True,
+                                True),
+  }
+
+  def kinds():
+    grads = []
+    for infs, nans, _, _ in cases.values():
+      values = np.full(size, 0.5)
+      values[list(infs)] = -INF
+      values[list(nans)] = NAN
+      grads.append(tf.constant(values, tf.float32))
+    return gradients.non_finite_kinds(grads)
+
+  nan, inf = _in_mode(mode, kinds)
+  for (name, (_, _, want_nan, want_inf)), got_nan, got_inf in zip(
+      cases.items(), nan.tolist(), inf.tolist()):
+    assert (got_nan, got_inf) == (want_nan, want_inf), f'{mode}: {name}'
+
+
+def test_non_finite_kinds_of_a_gradient_of_unknown_size():
+  spec = tf.TensorSpec([None], tf.float32)
+  fn = tf.function(lambda g: gradients.non_finite_kinds([g]),
+                   input_signature=[spec], jit_compile=True)
+  nan, inf = fn(tf.constant([1.0, NAN, -INF]))
+  assert (nan.numpy().tolist(), inf.numpy().tolist()) == ([True], [True])
+  nan, inf = fn(tf.constant([1.0, 2.0]))
+  assert (nan.numpy().tolist(), inf.numpy().tolist()) == ([False], [False])
 
 
 @pytest.mark.parametrize('grads', [[], [None], None, {'a': None, 'b': []}])
