@@ -247,11 +247,13 @@ def test_non_finite_kinds_tells_nan_from_inf_per_gradient(mode):
 
 
 @pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
-def test_non_finite_kinds_counts_every_window_exactly(mode):
-  # Values are coded and summed in windows of 32: a window full of infs, or
-  # of NaNs, one holding both, and the padded last window must all be told
-  # apart, in a gradient whose size is not a multiple of the window.
-  size = gradients._WINDOWED_SIZE + 5 * 32 + 7
+@pytest.mark.parametrize('size', [
+    gradients._WINDOWED_SIZE - 1, gradients._WINDOWED_SIZE + 5 * 32 + 7])
+def test_non_finite_kinds_counts_every_value_exactly(mode, size):
+  # Values are coded and summed, the smaller gradient's in one sum, the
+  # larger's in windows of 32: infs filling a window or the whole gradient,
+  # NaNs alike, both in one window, and the padded last window must all be
+  # told apart.
   cases = {
       'finite': ([], [], False, False),
       'window of infs': (range(32, 64), [], False, True),
@@ -262,6 +264,9 @@ def test_non_finite_kinds_counts_every_window_exactly(mode):
       'NaN in the padded window': ([], [size - 7], True, False),
       'every value both ways': (range(0, size, 2), range(1, size, 2), True,
                                 True),
+      'every value an inf': (range(size), [], False, True),
+      'every value a NaN': ([], range(size), True, False),
+      'one NaN, every other value an inf': (range(1, size), [0], True, True),
   }
 
   def kinds():
@@ -276,7 +281,31 @@ def test_non_finite_kinds_counts_every_window_exactly(mode):
   nan, inf = _in_mode(mode, kinds)
   for (name, (_, _, want_nan, want_inf)), got_nan, got_inf in zip(
       cases.items(), nan.tolist(), inf.tolist()):
-    assert (got_nan, got_inf) == (want_nan, want_inf), f'{mode}: {name}'
+    assert (got_nan, got_inf) == (want_nan, want_inf), (
+        f'{mode}, {size} values: {name}')
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
+def test_non_finite_kinds_keeps_the_order_of_gradients_of_every_size(mode):
+  # Small gradients are answered together, others one by one: the flags
+  # still come in the order of the gradients.
+  large = gradients._WINDOWED_SIZE
+
+  def gradient(size, at, value, dtype=tf.float32):
+    values = np.zeros(size)
+    values[at] = value
+    return tf.constant(values, dtype)
+
+  def kinds():
+    return gradients.non_finite_kinds([
+        None, gradient(large, 7, INF), gradient(3, 1, NAN),
+        gradient(10, 0, 1.0), gradient(large + 1, large, NAN, tf.float16),
+        gradient(5, 4, -INF, tf.bfloat16), gradient(large, 0, 2.0),
+        gradient(2, [0, 1], [NAN, INF])])
+
+  nan, inf = _in_mode(mode, kinds)
+  assert nan.tolist() == [False, False, True, False, True, False, False, True]
+  assert inf.tolist() == [False, True, False, False, False, True, False, True]
 
 
 def test_non_finite_kinds_of_a_gradient_of_unknown_size():

@@ -8,6 +8,7 @@ A gradient may be a dense tensor, a `tf.IndexedSlices` (kept sparse) or `None`
 
 from typing import Any, Callable, List, Optional, Tuple, Union
 
+import numpy as np
 import tensorflow as tf
 
 from tf_loss_scale import execution
@@ -199,14 +200,15 @@ def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
   selects, so that reading the gradients again only on a skipped step would
   read them on every step: here the verdict is taken from these flags. Each
   gradient is read once, in one fusion with the ops that produce it: every
-  value gets a small integer code (`_NAN_CODE` for a NaN, 1 for an inf, 0
-  otherwise), and the codes are summed over windows of `_WINDOW` values, a
-  row reduction that XLA:CPU runs on all threads. A window's sum is
-  `_NAN_CODE` times its NaNs plus its infs, and it holds fewer infs than
-  `_NAN_CODE`, so the sums tell both counts exactly. Gradients smaller than
-  `_WINDOWED_SIZE`, or of unknown size, get two predicate reductions
-  instead: as fast there, in a few ops where the windows take a dozen.
-  (Elsewhere this is many kernels per gradient.)
+  value gets an integer code (a power of 2 for a NaN, 1 for an inf, 0
+  otherwise) and the codes are summed. A NaN's code is above the most infs
+  a sum can count, so a sum's low bits count the infs and its high bits the
+  NaNs. Gradients of `_WINDOWED_SIZE` values or more are summed in windows
+  of `_WINDOW` values, a row reduction that XLA:CPU runs on all threads
+  where a whole reduction runs on one; smaller gradients in one sum each,
+  and those sums are compared together, so that a gradient costs what an
+  `is_finite` reduction of its own would. Gradients of unknown size get two
+  predicate reductions. (Elsewhere this is many kernels per gradient.)
 
   Args:
     grads: A list of gradients; `None` entries are False in both results,
@@ -216,47 +218,88 @@ def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
     Two bool vectors with one entry per gradient: holds a NaN, holds an inf
     (of either sign); a gradient holding both is True in both.
   """
-  nan, inf = [], []
-  for grad in grads:
-    if grad is None:
-      nan.append(tf.constant(False))
-      inf.append(tf.constant(False))
-      continue
-    values = dense_values(grad)[0]
-    if (values.shape.num_elements() or 0) < _WINDOWED_SIZE:
-      nan.append(tf.reduce_any(tf.math.is_nan(values)))
-      inf.append(tf.reduce_any(tf.math.is_inf(values)))
-      continue
-    sums = _window_sums(values)
-    nan.append(tf.reduce_any(sums >= _NAN_CODE))
-    inf.append(tf.reduce_any(tf.bitwise.bitwise_and(sums, _NAN_CODE - 1) > 0))
   if not grads:
     return tf.zeros([0], tf.bool), tf.zeros([0], tf.bool)
-  return tf.stack(nan), tf.stack(inf)
+  whole = _Coder(_WINDOWED_SIZE, tf.int32)
+  windowed = _Coder(2 * _WINDOW, tf.int16)
+  sums, summed = [], []
+  nan, inf, flagged = [], [], []
+  for i, grad in enumerate(grads):
+    values = None if grad is None else dense_values(grad)[0]
+    size = None if values is None else values.shape.num_elements()
+    if size is not None and size < _WINDOWED_SIZE:
+      sums.append(whole.total(values))
+      summed.append(i)
+      continue
+    flagged.append(i)
+    if values is None:
+      nan.append(tf.constant(False))
+      inf.append(tf.constant(False))
+    elif size is None:
+      nan.append(tf.reduce_any(tf.math.is_nan(values)))
+      inf.append(tf.reduce_any(tf.math.is_inf(values)))
+    else:
+      codes = windowed.codes(values)
+      if size % _WINDOW:
+        codes = tf.pad(codes, [[0, -size % _WINDOW]])
+      window_sums = tf.reduce_sum(tf.reshape(codes, [-1, _WINDOW]), axis=1)
+      nan.append(tf.reduce_any(windowed.has_nan(window_sums)))
+      inf.append(tf.reduce_any(windowed.has_inf(window_sums)))
+  # The small gradients' flags come as one vector, the others' one by one: a
+  # gather puts them in the order of `grads`.
+  nan_parts, inf_parts = [], []
+  if sums:
+    sums = tf.stack(sums)
+    nan_parts.append(whole.has_nan(sums))
+    inf_parts.append(whole.has_inf(sums))
+  if flagged:
+    nan_parts.append(tf.stack(nan))
+    inf_parts.append(tf.stack(inf))
+  order = tf.constant(np.argsort(summed + flagged).astype(np.int32))
+  return tuple(tf.gather(tf.concat(parts, 0), order)
+               for parts in (nan_parts, inf_parts))
 
 
-# `non_finite_kinds` sums codes over windows of this many values: 32 ran
-# fastest on XLA:CPU, against 16 and 64.
-_WINDOW = 32
-# Gradients of fewer values are read by two predicate reductions.
+# Gradients of at least this many values have their codes summed in windows
+# of `_WINDOW` values (see `non_finite_kinds`): 32 ran fastest on XLA:CPU,
+# against 16 and 64. A whole sum of a smaller gradient's codes, a NaN coded
+# `_WINDOWED_SIZE`, fits an int32; a window's, a NaN coded 64, an int16.
 _WINDOWED_SIZE = 1 << 12
-# A NaN's code, above the most infs a window holds; a power of 2, so that a
-# sum's infs are its low bits. The largest sum, 32 NaNs, fits an int16.
-_NAN_CODE = 2 * _WINDOW
+_WINDOW = 32
 
 
-def _window_sums(values: tf.Tensor) -> tf.Tensor:
-  # Per window of `_WINDOW` values (the last padded with zeros), the sum of
-  # their codes; `values` has a known size.
-  flat = tf.reshape(values, [-1])
-  codes = tf.where(
-      tf.math.is_nan(flat), tf.constant(_NAN_CODE, tf.int16),
-      tf.where(tf.math.is_inf(flat), tf.constant(1, tf.int16),
-               tf.constant(0, tf.int16)))
-  padding = -values.shape.num_elements() % _WINDOW
-  if padding:
-    codes = tf.pad(codes, [[0, padding]])
-  return tf.reduce_sum(tf.reshape(codes, [-1, _WINDOW]), axis=1)
+class _Coder:
+  """Codes values for `non_finite_kinds`, and reads sums of codes.
+
+  Its constants are made once, in the graph being traced, for all the
+  gradients it codes.
+  """
+
+  def __init__(self, nan_code: int, dtype: tf.DType):
+    self._nan = tf.constant(nan_code, dtype)
+    self._inf = tf.constant(1, dtype)
+    self._finite = tf.constant(0, dtype)
+    self._inf_bits = tf.constant(nan_code - 1, dtype)
+    self._flat = tf.constant([-1])
+    self._first = tf.constant(0)
+
+  def codes(self, values: tf.Tensor) -> tf.Tensor:
+    """The code of each value of `values`, flattened."""
+    flat = tf.reshape(values, self._flat)
+    return tf.where(tf.math.is_nan(flat), self._nan,
+                    tf.where(tf.math.is_inf(flat), self._inf, self._finite))
+
+  def total(self, values: tf.Tensor) -> tf.Tensor:
+    """The sum of the codes of `values`."""
+    return tf.reduce_sum(self.codes(values), axis=self._first)
+
+  def has_nan(self, sums: tf.Tensor) -> tf.Tensor:
+    """Whether each of `sums` (of codes) counts a NaN."""
+    return sums >= self._nan
+
+  def has_inf(self, sums: tf.Tensor) -> tf.Tensor:
+    """Whether each of `sums` (of codes) counts an inf."""
+    return tf.bitwise.bitwise_and(sums, self._inf_bits) > 0
 
 
 def kinds_by_gradient(values: List[Optional[tf.Tensor]]) -> tf.Tensor:
