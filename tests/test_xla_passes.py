@@ -1,5 +1,6 @@
 """The count of passes over each variable in XLA-compiled steps
-(benchmarks/xla_passes.py): its reading of HLO, and the plans it reads."""
+(benchmarks/xla_passes.py): its reading of HLO, and the plans it reads; and
+the passes benchmarks/check_pass.py times one by one."""
 
 import collections
 
@@ -45,3 +46,23 @@ def test_an_exact_check_under_xla_is_one_pass_with_the_skip_report_in_it():
     assert len(readers) == 10 and len(counts) == 1, (variant, counts)
     passes[variant] = next(iter(counts))
   assert passes == {'bare': 1, 'keras3': 2, 'ours': 2}, passes
+
+
+def test_the_timed_passes_compute_what_they_are_named_for():
+  # benchmarks/check_pass.py times each pass alone: the checks must give
+  # the verdict, the reads the largest magnitude, the update write.
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from benchmarks import check_pass  # pylint: disable=g-import-not-at-top
+  values = [np.arange(64, dtype=np.float32) - 40.0, np.ones(4096, np.float32)]
+  variables = [tf.Variable(v) for v in values]
+  passes = check_pass._passes(variables, tf.Variable(0.5))
+  assert passes['keras3']().numpy() and passes['ours']().numpy()
+  assert passes['max']().numpy() == passes['max_rows']().numpy() == 20.0
+  for value in (np.inf, np.nan):
+    variables[1][4000].assign(value)
+    assert not passes['keras3']().numpy(), value
+    assert not passes['ours']().numpy(), value
+  variables[1][4000].assign(1.0)
+  passes['update']()
+  np.testing.assert_allclose(variables[0].numpy(), values[0] * 0.995)
