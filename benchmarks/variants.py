@@ -109,12 +109,16 @@ class _ReadFloorV1(_BarrierFloorV1):
 
   Whether a gradient holds an inf or a NaN cannot be known without reading
   each of its values: here that read is one `Max` reduction per gradient (one
-  kernel, no temporary) whose result nothing uses but the barrier. It still
-  has no verdict, no branch and no loss scale update.
+  kernel, no temporary). Their sum is stored in a variable of the floor's
+  own, since Grappler removes stateless ops whose results nothing uses (a
+  barrier on the reductions alone would never run them). It still has no
+  verdict, no branch and no loss scale update.
   """
 
   def barrier(self, grads):
-    return [tf.group(*grads, *[tf.reduce_max(g) for g in grads])]
+    sink = tf.Variable(0.0, trainable=False, name='read_floor_sink')
+    largest = tf.add_n([tf.reduce_max(g) for g in grads])
+    return [tf.group(*grads, sink.assign(largest))]
 
 
 # family -> {variant name: optimizer factory}; the first variant is the bare
