@@ -16,13 +16,14 @@ the reference, and a read floor (`variants._ReadFloorV1`: the same, with
 every gradient read once, by one reduction whose results are kept, before
 the barrier): the least overhead an exact skip built from TensorFlow ops can
 have, since it cannot decide without reading every value. The graph target
-is against the read floor. Every row also counts the ops each wrapper adds to the traced step (over the bare step's; ops in called
-functions, such as the branches of a conditional, included, but for the
-bodies of functions never inlined, which run only when called) and checks
-that ours ends with the same variable values as the reference. Rows under a
-strategy also count the cross-replica reductions per step of each variant,
-and among them the collective ops (benchmarks/collectives.py). Results go to benchmarks/results.json (or
---json PATH).
+is against the read floor. Every row also counts the ops each wrapper adds
+to the traced step (over the bare step's; ops in called functions, such as
+the branches of a conditional, included, but for the bodies of functions
+never inlined, which run only when called) and checks that ours ends with
+the same variable values as the reference. Rows under a strategy also count
+the cross-replica reductions per step of each variant, and among them the
+collective ops (benchmarks/collectives.py). Results go to
+benchmarks/results.json (or --json PATH).
 
 Targets (ratio = ours' added overhead / the reference's): at most 0.75
 under MirroredStrategy and in a `tf.function`, at most 0.5 with
