@@ -185,7 +185,7 @@ def apply_on_every_replica_if(
   return the verdict: a branch whose outputs match is one that XLA can turn
   into selects and fuse with the rest of the step, while a branch with nothing
   to return stays a real conditional that forces every gradient into memory.
-  In a TF1 graph the two sides are gated as described in `_one_side_runs`,
+  In a TF1 graph the two sides are gated by `execution.one_side_runs`,
   which costs one Switch where `tf.cond` would add one per gradient and per
   variable handle.
 
@@ -218,7 +218,7 @@ def apply_on_every_replica_if(
     with tf.control_dependencies([applied]):
       return tf.constant(True)
   if execution.in_tf1_graph():
-    return _one_side_runs(should_apply, apply_everywhere, on_skip)
+    return execution.one_side_runs(should_apply, apply_everywhere, on_skip)
 
   def apply_side():
     apply_everywhere()
@@ -261,41 +261,3 @@ def sum_limit(dtype: tf.DType) -> float:
     reduction of many replicas' gradients in their own precision.
   """
   return dtype.max * (1.0 - 2.0**-20)
-
-
-def _one_side_runs(
-    should_apply: tf.Tensor,
-    apply_side: Callable[[Sequence[tf.Tensor]], Any],
-    skip_side: Callable[[], Any]) -> tf.Tensor:
-  """Runs one of two sides in a TF1 graph, as TF1's own `cond` does inside.
-
-  A Switch of the verdict makes one of two pivot tensors live and the other
-  dead. Every op a side creates has a control edge from that side's pivot,
-  and the executor never runs an op with a dead input, so the side not taken
-  does nothing; the inputs the sides read (gradients, variable handles) need
-  no Switch of their own. A Merge rejoins the sides, so the result is always
-  live and ready only after the chosen side has finished.
-
-  Args:
-    should_apply: A bool scalar tensor.
-    apply_side: Called with the list of tensors its ops must depend on (for
-      ops built in other threads, such as replica threads); returns an op.
-    skip_side: Returns an op, or None.
-
-  Returns:
-    `should_apply`'s value, once the chosen side has run.
-  """
-  to_skip, to_apply = tf.raw_ops.Switch(data=should_apply, pred=should_apply)
-  skip_pivot, apply_pivot = tf.identity(to_skip), tf.identity(to_apply)
-  with tf.control_dependencies([skip_pivot]):
-    skipped = skip_side()
-  with tf.control_dependencies([apply_pivot]):
-    applied = apply_side([apply_pivot])
-  return tf.raw_ops.Merge(inputs=[_once_done(skipped, skip_pivot),
-                                  _once_done(applied, apply_pivot)]).output
-
-
-def _once_done(done: Any, pivot: tf.Tensor) -> tf.Tensor:
-  # The pivot again, ready only once `done` (an op, or None) has run.
-  with tf.control_dependencies([] if done is None else [done]):
-    return tf.identity(pivot)

@@ -4,7 +4,7 @@ The library behaves the same in all three; the few places where how it
 builds ops must differ ask here, so the distinction is made in one module.
 """
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -48,3 +48,44 @@ def in_xla_computation() -> bool:
   internal = getattr(tf, '__internal__', None)
   enclosing = getattr(internal, 'get_enclosing_xla_context', None)
   return enclosing is not None and enclosing() is not None
+
+
+def one_side_runs(predicate: tf.Tensor,
+                  if_true: Callable[[Sequence[tf.Tensor]], Any],
+                  if_false: Callable[[], Any]) -> tf.Tensor:
+  """Runs one of two sides in a TF1 graph, as TF1's own `cond` does inside.
+
+  A Switch of the predicate makes one of two pivot tensors live and the
+  other dead. Every op a side creates has a control edge from that side's
+  pivot, and the executor never runs an op with a dead input, so the side
+  not taken does nothing; the inputs the sides read (gradients, variable
+  handles) need no Switch of their own. A Merge rejoins the sides, so the
+  result is always live and ready only after the chosen side has finished.
+  `tf.cond` makes a functional `If` instead where control flow v2 is on (the
+  default from TensorFlow 2.0), whose call costs more per step than these
+  few ops, or one Switch per input where it is off.
+
+  Args:
+    predicate: A bool scalar tensor.
+    if_true: Called with the list of tensors its ops must depend on (for ops
+      built in other threads, such as replica threads); returns an op, a
+      tensor or None.
+    if_false: Returns an op, a tensor or None.
+
+  Returns:
+    `predicate`'s value, once the chosen side has run.
+  """
+  to_false, to_true = tf.raw_ops.Switch(data=predicate, pred=predicate)
+  false_pivot, true_pivot = tf.identity(to_false), tf.identity(to_true)
+  with tf.control_dependencies([false_pivot]):
+    false_done = if_false()
+  with tf.control_dependencies([true_pivot]):
+    true_done = if_true([true_pivot])
+  return tf.raw_ops.Merge(inputs=[_once_done(false_done, false_pivot),
+                                  _once_done(true_done, true_pivot)]).output
+
+
+def _once_done(done: Any, pivot: tf.Tensor) -> tf.Tensor:
+  # The pivot again, ready only once `done` (an op, a tensor or None) ran.
+  with tf.control_dependencies([] if done is None else [done]):
+    return tf.identity(pivot)

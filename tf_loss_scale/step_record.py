@@ -452,8 +452,9 @@ def _add(increments: List[Tuple[tf.Variable, tf.Tensor]]) -> Any:
   if execution.in_tf1_graph():
     # Uninitialised counters (a session that initialised only the global
     # variables) are set rather than incremented.
-    return tf.cond(_is_initialized(increments[0][0]),
-                   lambda: assign('assign_add'), lambda: assign('assign'))
+    return execution.one_side_runs(_is_initialized(increments[0][0]),
+                                   lambda _: assign('assign_add'),
+                                   lambda: assign('assign'))
   return assign('assign_add')
 
 
