@@ -277,7 +277,8 @@ class _ValuesState(step.ScaleState):
   def scale(self):
     return self._scale
 
-  def advance(self, verdict):
+  def advance(self, verdict, after):
+    del after  # Nothing is written.
     return tf_loss_scale.loss_scale.next_dynamic_state(
         self._scale, self._good_steps, verdict, 2, 2.0)
 

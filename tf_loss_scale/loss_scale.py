@@ -32,7 +32,8 @@ import abc
 import math
 import numbers
 import warnings
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import (Any, Dict, List, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 from absl import logging
 import numpy as np
@@ -530,8 +531,10 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
     with tf.control_dependencies(reported):
       return self.assign_next_state(grads_finite), grads_finite
 
-  def assign_next_state(self, grads_finite: tf.Tensor
-                       ) -> Optional[tf.Tensor]:
+  def assign_next_state(
+      self, grads_finite: tf.Tensor,
+      after: Sequence[Union[tf.Tensor, tf.Operation]] = ()
+  ) -> Optional[tf.Tensor]:
     """Moves the state machine one step, given the step's finite verdict.
 
     Front ends that have already decided finiteness (once, for all replicas)
@@ -541,6 +544,9 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
 
     Args:
       grads_finite: A bool scalar tensor, the same on every replica.
+      after: In a graph, ops or tensors that the assignments must follow
+        (the step they conclude); the new state is computed without waiting
+        for them.
 
     Returns:
       What `update` returns as `update_op`: None eagerly (the update has
@@ -557,29 +563,34 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
       # on every replica, so the first replica's stands for all.
       return distribute.merge_to_cross_replica(
           lambda strategy, finite: self._assign_next_state(
-              strategy.experimental_local_results(finite)[0]), grads_finite)
-    return self._assign_next_state(grads_finite)
+              strategy.experimental_local_results(finite)[0], after),
+          grads_finite)
+    return self._assign_next_state(grads_finite, after)
 
-  def _assign_next_state(self, grads_finite: Any) -> Optional[tf.Tensor]:
+  def _assign_next_state(
+      self, grads_finite: Any,
+      after: Sequence[Union[tf.Tensor, tf.Operation]]) -> Optional[tf.Tensor]:
     grads_finite = _scalar_verdict(grads_finite)
     state = advance_dynamic_state(
         self._read_state(), grads_finite, **self._rule_options())
-    assigned = tf.group(
-        *[variable.assign(value)
-          for variable, value in zip(self._state_variables(), state)
-          if variable is not None],
-        self._step_record.record(tf.logical_not(grads_finite)))
+    with tf.control_dependencies(after):
+      assigned = tf.group(
+          *[variable.assign(value)
+            for variable, value in zip(self._state_variables(), state)
+            if variable is not None],
+          self._step_record.record(tf.logical_not(grads_finite)))
     if tf.executing_eagerly():
       self._react_to_collapse_eagerly(state.skips_at_floor)
       return None
+    # TensorFlow's update op evaluates to this: whether the step was finite
+    # (no streak of non-finite steps) and completed an increment period (the
+    # good-step count went back to 0).
+    completed_period = tf.logical_and(tf.equal(state.non_finite_streak, 0),
+                                      tf.equal(state.good_steps, 0))
     with tf.control_dependencies([assigned]):
       reaction = self._collapse_reaction_op(state.skips_at_floor)
     with tf.control_dependencies([assigned] + reaction):
-      # TensorFlow's update op evaluates to this: whether the step was
-      # finite (no streak of non-finite steps) and completed an increment
-      # period (the good-step count went back to 0).
-      return tf.logical_and(tf.equal(state.non_finite_streak, 0),
-                            tf.equal(state.good_steps, 0))
+      return tf.identity(completed_period)
 
   def _state_variables(self) -> DynamicState:
     return DynamicState(self.current_loss_scale, self.good_steps,

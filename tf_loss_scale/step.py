@@ -21,7 +21,9 @@ and its monitoring record) moves only after the side taken has completed. An
 apply that raises eagerly leaves the state as it was; in a `tf.function` or a
 TF1 graph the new state is assigned under an explicit control dependency on
 the side taken (automatic control dependencies would not order the two,
-which touch different resources).
+which touch different resources). Only the assignments wait: the new values
+depend on the verdict and the current state alone, so they are computed
+while the side runs, which keeps them off the end of the step.
 
 `apply_step` is that block, once. Its two callbacks make it a stateful or a
 stateless step:
@@ -158,14 +160,19 @@ class ScaleState(abc.ABC):
     return None
 
   @abc.abstractmethod
-  def advance(self, verdict: Verdict) -> Any:
-    """Moves the state after the side taken has run (cross-replica context).
+  def advance(self, verdict: Verdict,
+              after: Sequence[Union[tf.Tensor, tf.Operation]]) -> Any:
+    """Moves the state once the side taken has run (cross-replica context).
 
-    Called under a control dependency on the side taken, so that ops made
-    here run after it.
+    The new state may be computed while the side runs (it depends on the
+    verdict and the current state only), but everything that writes it
+    must run after `after`.
 
     Args:
       verdict: The decision's verdict.
+      after: In a graph, what marks the side taken as done: the writes go
+        under a control dependency on it. Empty eagerly, where the side has
+        run.
 
     Returns:
       Anything the front end needs: an op (graph) or None for a stateful
@@ -208,9 +215,10 @@ class LossScaleState(ScaleState):
       return None
     return record.skip_reporter(grads, names, self.scale, summed, flags)
 
-  def advance(self, verdict: Verdict) -> Any:
+  def advance(self, verdict: Verdict,
+              after: Sequence[Union[tf.Tensor, tf.Operation]]) -> Any:
     if self._follows_the_rule:
-      return self._loss_scale.assign_next_state(verdict)
+      return self._loss_scale.assign_next_state(verdict, after=after)
     return None
 
 
@@ -287,9 +295,9 @@ def apply_step(grads: Sequence[Any],
 
     applied = distribute.apply_on_every_replica_if(
         strategy, decision.verdict, apply_fn, (grads,), on_skip=skip_side)
-    # The new state, only once the side taken has completed.
-    with tf.control_dependencies(graph_elements(applied)):
-      advanced = state.advance(decision.verdict)
+    # The new state is computed beside the side taken and written only once
+    # that side has completed.
+    advanced = state.advance(decision.verdict, after=graph_elements(applied))
     op = None
     if not tf.executing_eagerly():
       op = tf.group(*graph_elements(applied, decision.update_op, advanced),

@@ -18,7 +18,7 @@ from 3.12 and 3.10 on.
 
 import math
 import numbers
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import keras
 import numpy as np
@@ -369,7 +369,8 @@ class _KerasScale(step.ScaleState):
     return self._optimizer._monitor.skip_reporter(  # pylint: disable=protected-access
         grads, names, self.scale, summed, flags)
 
-  def advance(self, verdict: tf.Tensor) -> Any:
+  def advance(self, verdict: tf.Tensor,
+              after: Sequence[Union[tf.Tensor, tf.Operation]]) -> Any:
     opt = self._optimizer
     scale, counter = self._values or (
         tf.convert_to_tensor(opt.dynamic_scale),
@@ -383,11 +384,12 @@ class _KerasScale(step.ScaleState):
     def assign() -> Any:
       # A Keras variable's assign returns no op (None in Keras 3.3, its
       # input in later releases): the assignments run eagerly, or in
-      # program order inside a tf.function.
-      opt.dynamic_scale.assign(new_scale)
-      opt.step_counter.assign(new_counter)
-      return opt._monitor.record(  # pylint: disable=protected-access
-          tf.logical_not(verdict))
+      # program order inside a tf.function, after the step's side.
+      with tf.control_dependencies(after):
+        opt.dynamic_scale.assign(new_scale)
+        opt.step_counter.assign(new_counter)
+        return opt._monitor.record(  # pylint: disable=protected-access
+            tf.logical_not(verdict))
 
     return execution.op_in_graph_mode(assign)
 
