@@ -14,7 +14,7 @@ Modes:
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import keras
 import numpy as np
@@ -158,7 +158,17 @@ def build(mode: str, family: str, variant: str, workload: Workload,
                           jit_compile=(mode == 'jit'))
 
 
-def _graph_runner(workload: Workload, make_optimizer) -> Runner:
+def graph_step(workload: Workload, make_optimizer
+              ) -> Tuple[tf.compat.v1.Session, tf.Operation, List[tf.Variable]]:
+  """Builds a TF1 graph step in a session of its own, variables initialised.
+
+  Args:
+    workload: The model to train.
+    make_optimizer: Makes the `tf.compat.v1`-style optimizer to minimize with.
+
+  Returns:
+    The session, the training op and the model's variables.
+  """
   graph = tf.Graph()
   with graph.as_default():
     variables = [tf.Variable(v) for v in workload.initial_values()]
@@ -167,9 +177,14 @@ def _graph_runner(workload: Workload, make_optimizer) -> Runner:
     init_op = tf.compat.v1.global_variables_initializer()
   session = tf.compat.v1.Session(graph=graph)
   session.run(init_op)
+  return session, train_op, variables
+
+
+def _graph_runner(workload: Workload, make_optimizer) -> Runner:
+  session, train_op, variables = graph_step(workload, make_optimizer)
   return Runner(lambda: session.run(train_op),
                 lambda: session.run(variables),
-                graph.as_graph_def)
+                session.graph.as_graph_def)
 
 
 def _function_runner(workload: Workload, family: str, make_optimizer,

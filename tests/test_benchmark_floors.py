@@ -14,14 +14,8 @@ _WORKLOAD = workloads.Workload(
 
 
 def _one_traced_step(make_optimizer):
-  graph = tf.Graph()
-  with graph.as_default():
-    variables = [tf.Variable(v) for v in _WORKLOAD.initial_values()]
-    train_op = make_optimizer().minimize(_WORKLOAD.loss(variables),
-                                         var_list=variables)
-    init_op = tf.compat.v1.global_variables_initializer()
-  with tf.compat.v1.Session(graph=graph) as session:
-    session.run(init_op)
+  session, train_op, variables = variants.graph_step(_WORKLOAD, make_optimizer)
+  with session:
     metadata = tf.compat.v1.RunMetadata()
     session.run(train_op, options=tf.compat.v1.RunOptions(
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
