@@ -30,7 +30,7 @@ import functools
 import os
 import statistics
 import sys
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,8 +45,18 @@ _ROW = 32
 _SHAPE = '10x1M'
 
 
-def _passes(variables, factor) -> Dict[str, Callable[[], None]]:
-  """Each pass as a compiled function of no arguments."""
+def compiled_passes(variables: List[tf.Variable], factor: tf.Variable
+                    ) -> Dict[str, Callable[[], Optional[tf.Tensor]]]:
+  """Each pass over `variables` as an XLA-compiled function of no arguments.
+
+  Args:
+    variables: The model's variables; each gradient is `variable * factor`.
+    factor: A scalar variable (a constant would be folded away).
+
+  Returns:
+    Pass name -> its function: the checks return the verdict, the reads
+    the largest magnitude, `update` nothing.
+  """
 
   def grads():
     return [v * factor for v in variables]
@@ -90,7 +100,7 @@ def main(argv=None) -> None:
   variables = [tf.Variable(v)
                for v in workloads.WORKLOADS[_SHAPE].initial_values()]
   factor = tf.Variable(1.0 / 1024)
-  passes = _passes(variables, factor)
+  passes = compiled_passes(variables, factor)
   steps = {}
   for name, fn in passes.items():
     fn()  # Compiles.

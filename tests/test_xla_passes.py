@@ -56,7 +56,7 @@ def test_the_timed_passes_compute_what_they_are_named_for():
   from benchmarks import check_pass  # pylint: disable=g-import-not-at-top
   values = [np.arange(64, dtype=np.float32) - 40.0, np.ones(4096, np.float32)]
   variables = [tf.Variable(v) for v in values]
-  passes = check_pass._passes(variables, tf.Variable(0.5))
+  passes = check_pass.compiled_passes(variables, tf.Variable(0.5))
   assert passes['keras3']().numpy() and passes['ours']().numpy()
   assert passes['max']().numpy() == passes['max_rows']().numpy() == 20.0
   for value in (np.inf, np.nan):
