@@ -11,6 +11,9 @@ import tensorflow as tf
 
 import tf_loss_scale
 from tf_loss_scale import distribute
+from tf_loss_scale import gradients
+
+import versions
 
 INF, NAN = np.inf, np.nan
 
@@ -122,6 +125,88 @@ def test_all_finite_on_every_replica_sees_a_float16_sum_overflow(
   with mirrored_strategy.scope():
     assert not bool(distribute.all_finite_on_every_replica(big))
     assert bool(distribute.all_finite_on_every_replica(fits))
+
+
+def _trap_magnitudes(monkeypatch):
+  """Makes reading the largest magnitudes fail, but only if the read runs."""
+  largest_magnitudes = gradients.largest_magnitudes
+
+  def trapped(grads):
+    trap = tf.strings.to_number(tf.strings.format(
+        'magnitudes read {}', tf.size(gradients.dense_values(grads)[0])))
+    return largest_magnitudes(grads) + tf.cast(trap, tf.float64)
+
+  monkeypatch.setattr(gradients, 'largest_magnitudes', trapped)
+
+
+@pytest.mark.parametrize('values,expected', [
+    ((1.0, 2.0), True),
+    ((1.0, INF), False),
+    ((NAN, 1.0), False),
+    ((-INF, 1.0), False),
+])
+@pytest.mark.parametrize('in_function', [False, True],
+                         ids=['eager', 'function'])
+def test_a_scale_of_twice_the_replicas_settles_the_sums_without_magnitudes(
+    mirrored_strategy, monkeypatch, values, expected, in_function):
+  _trap_magnitudes(monkeypatch)
+  grads = _per_replica(mirrored_strategy, values)
+  verdict_of = distribute.all_finite_on_every_replica
+  if in_function:
+    verdict_of = tf.function(verdict_of)
+  with mirrored_strategy.scope():
+    # Two replicas: from a scale of 4 on, quotients cannot sum past the max.
+    verdict = verdict_of(grads, tf.constant(4.0))
+    assert bool(verdict) is expected, f'replica values {values}'
+    with pytest.raises(tf.errors.InvalidArgumentError, match='magnitudes read'):
+      verdict_of(grads, tf.constant(3.99))
+
+
+@pytest.mark.parametrize('scale', [1.0, 3.99])
+@pytest.mark.parametrize('in_function', [False, True],
+                         ids=['eager', 'function'])
+def test_below_twice_the_replicas_the_magnitudes_bound_the_sums(
+    mirrored_strategy, scale, in_function):
+  # 40000 on each replica is finite in float16; the sum is not.
+  big = mirrored_strategy.experimental_distribute_values_from_function(
+      lambda context: [tf.constant([40000.0, 1.0], tf.float16)])
+  verdict_of = distribute.all_finite_on_every_replica
+  if in_function:
+    verdict_of = tf.function(verdict_of)
+  with mirrored_strategy.scope():
+    assert not bool(verdict_of(big, tf.constant(scale))), f'scale {scale}'
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+def test_keras3_form_reads_magnitudes_only_once_its_scale_is_below_twice_the_replicas(
+    mirrored_strategy, monkeypatch):
+  import keras  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale import keras as ours  # pylint: disable=g-import-not-at-top
+  _trap_magnitudes(monkeypatch)
+  with mirrored_strategy.scope():
+    opt = ours.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4.0)
+    var = keras.Variable([0.0, 0.0])
+    opt.build([var])
+  second = tf.Variable(3.0)
+
+  @tf.function
+  def train_step():
+    def replica_step():
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      grad = tf.where(tf.equal(replica, 0), tf.constant([1.0, 2.0]),
+                      tf.stack([second, 5.0]))
+      opt.apply([grad], [var])
+    mirrored_strategy.run(replica_step)
+
+  train_step()  # Scale 4: ([1, 2] + [3, 5]) / 4 is applied.
+  for replica, value in enumerate(_local(mirrored_strategy, var.value)):
+    assert value.tolist() == [-1.0, -1.75], f'replica {replica}: {value}'
+  second.assign(INF)
+  train_step()  # Skipped on replica 1's inf; the scale halves to 2.
+  assert _local(mirrored_strategy, opt.dynamic_scale.value) == [2.0, 2.0]
+  second.assign(3.0)
+  with pytest.raises(tf.errors.InvalidArgumentError, match='magnitudes read'):
+    train_step()
 
 
 def test_all_reduce_in_replica_sums_once_and_keeps_none(mirrored_strategy):

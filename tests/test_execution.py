@@ -1,5 +1,6 @@
 """Specification of where code runs: tf_loss_scale/execution.py."""
 
+import pytest
 import tensorflow as tf
 
 from tf_loss_scale import execution
@@ -23,3 +24,62 @@ def test_where_ops_are_built():
   assert seen == {'eager': (False, False), 'function': (False, False),
                   'jit': (False, True), 'called by jit': (False, True),
                   'graph': (True, False)}
+
+
+def _to_number(gate, text):
+  # A stateless op that fails when it runs on a text that is not a number.
+  with tf.control_dependencies(gate):
+    return tf.strings.to_number(text)
+
+
+def test_computed_unless_runs_the_computation_only_when_needed_eagerly():
+  calls = []
+
+  def compute(gate):
+    calls.append(gate)
+    return tf.constant(2.5)
+
+  kept = execution.computed_unless(tf.constant(True), compute,
+                                   tf.constant(-1.0))
+  assert float(kept) == -1.0 and not calls
+  computed = execution.computed_unless(tf.constant(False), compute,
+                                       tf.constant(-1.0))
+  assert float(computed) == 2.5 and calls == [[]]
+
+
+def test_computed_unless_in_a_function_never_runs_the_gated_ops():
+
+  @tf.function
+  def value(known, text):
+    return execution.computed_unless(
+        known, lambda gate: _to_number(gate, text), tf.constant(-1.0))
+
+  # 'x' is not a number: the conversion would fail if it ran.
+  assert float(value(tf.constant(True), tf.constant('x'))) == -1.0
+  assert float(value(tf.constant(False), tf.constant('2.5'))) == 2.5
+  with pytest.raises(tf.errors.InvalidArgumentError, match='x'):
+    value(tf.constant(False), tf.constant('x'))
+
+
+def test_computed_unless_in_a_tf1_graph_never_runs_the_gated_ops():
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    known = tf.compat.v1.placeholder(tf.bool, [])
+    text = tf.compat.v1.placeholder(tf.string, [])
+    value = execution.computed_unless(
+        known, lambda gate: _to_number(gate, text), tf.constant(-1.0))
+    assert session.run(value, {known: True, text: 'x'}) == -1.0
+    assert session.run(value, {known: False, text: '2.5'}) == 2.5
+    with pytest.raises(tf.errors.InvalidArgumentError, match='x'):
+      session.run(value, {known: False, text: 'x'})
+
+
+def test_computed_unless_refuses_a_computation_xla_compiles():
+
+  @tf.function(jit_compile=True)
+  def value():
+    return execution.computed_unless(tf.constant(True),
+                                     lambda gate: tf.constant(1.0),
+                                     tf.constant(-1.0))
+
+  with pytest.raises(ValueError, match='XLA.*tf.cond'):
+    value()

@@ -549,6 +549,33 @@ def test_largest_magnitudes_concatenates_small_gradients_once_per_dtype():
   assert types.count('Max') == 3 + 1 + 1 + 1, types
 
 
+# --- finite_as_magnitudes -----------------------------------------------------
+
+
+@pytest.mark.parametrize('bad,expected', [
+    (1.0, [0.0, 0.0]),
+    (INF, [INF, INF]),
+    (-INF, [INF, INF]),
+    (NAN, [INF, INF]),
+    (F32_MAX, [0.0, 0.0]),
+])
+@pytest.mark.parametrize('mode', ['eager', 'function', 'graph'])
+def test_finite_as_magnitudes_is_zero_or_inf_per_dtype(bad, expected, mode):
+
+  def markers():
+    return gradients.finite_as_magnitudes([
+        tf.constant([1.0, bad]), None,
+        tf.constant([F16_MAX], tf.float16)])
+
+  result = _in_mode(mode, markers)
+  assert result.dtype == np.float64
+  assert result.tolist() == expected, f'{mode}: a float32 gradient with {bad}'
+
+
+def test_finite_as_magnitudes_of_no_gradients_is_empty():
+  assert gradients.finite_as_magnitudes([None]).shape == (0,)
+
+
 # --- dense_values -------------------------------------------------------------
 
 

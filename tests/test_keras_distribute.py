@@ -318,10 +318,11 @@ def _reductions_per_step(strategy, opt, variables):
   """Counts the cross-replica reduction ops of one traced training step.
 
   Gradient batches are all-reduced with CollectiveReduceV2 (one op per
-  replica); a value reduced to one device on CPUs is summed by an AddN.
-  Counted: what a finite step runs, the apply side of a cond included and
-  its skip side (a cond's else branch, where the skip report sums the
-  replicas' flags) left out.
+  replica); a value reduced to one device on CPUs is summed by an AddN
+  whose inputs come from several devices (an AddN on one replica's values
+  is no reduction across replicas). Counted: what a finite step runs, the
+  apply side of a cond included and its skip side (a cond's else branch,
+  where the skip report sums the replicas' flags) left out.
   """
 
   @tf.function
@@ -339,9 +340,16 @@ def _reductions_per_step(strategy, opt, variables):
   for name, function in functions.items():
     if name not in skip_sides:
       nodes.extend(function.node_def)
+  device_of = {n.name: n.device for n in nodes}
+
+  def input_devices(node):
+    names = [i.lstrip('^').split(':')[0] for i in node.input]
+    return {device_of[name] for name in names if device_of.get(name)}
+
   return {'gradient collectives': sum(n.op == 'CollectiveReduceV2'
                                       for n in nodes),
-          'scalar reductions': sum(n.op == 'AddN' for n in nodes)}
+          'scalar reductions': sum(n.op == 'AddN' and len(input_devices(n)) > 1
+                                   for n in nodes)}
 
 
 def test_gradient_collectives_per_step_equal_a_bare_optimizers(

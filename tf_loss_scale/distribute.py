@@ -6,7 +6,7 @@ whether a step's gradients are finite, so all of them skip or apply together
 and their loss scales never drift apart.
 """
 
-from typing import Any, Callable, List, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -14,7 +14,8 @@ from tf_loss_scale import execution
 from tf_loss_scale import gradients
 
 
-def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
+def all_finite_on_every_replica(
+    grads: Any, divided_by: Optional[tf.Tensor] = None) -> tf.Tensor:
   """Tells whether the gradients, summed across replicas, are certainly finite.
 
   Outside any strategy this is `gradients.all_finite(grads)`. Under a strategy
@@ -27,8 +28,25 @@ def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
   this process they are added here, with no collective op; across workers
   one small vector (one entry per gradient dtype) is all-reduced.
 
+  With `divided_by`, each replica reads its gradients for whether they are
+  finite (`gradients.finite_as_magnitudes`: one read, where the largest
+  magnitude takes two), and when that scale is at least twice the number of
+  replicas this stands for the magnitudes: the sums are bounded without
+  them. A finite gradient `g` is at most its dtype's largest value `M`, so
+  `g / s` is at most about `M / s`, and a sum of `n` such values at most
+  `n * M / s <= M / 2`; the roundings of the division and of the sum
+  are far inside that factor of 2. Below that scale (a dynamic scale after
+  many overflows, a small fixed one) the magnitudes are read too, on those
+  steps only (`execution.computed_unless`). Either way one vector per
+  replica is added up. Under XLA, where `largest_magnitudes` reads each
+  gradient once and the gating does not exist, the magnitudes are always
+  read.
+
   Args:
     grads: A nested structure of gradients, possibly per-replica values.
+    divided_by: None, or the loss scale (a scalar tensor, in the
+      cross-replica context) that every gradient in `grads` is the quotient
+      of, computed by `gradients.unscale` from a value of its own dtype.
 
   Returns:
     A scalar bool tensor, the same on every replica.
@@ -43,8 +61,18 @@ def all_finite_on_every_replica(grads: Any) -> tf.Tensor:
   dtypes = gradients.gradient_dtypes(first_replica_value(grads))
   if not dtypes:
     return tf.constant(True)
-  magnitudes = strategy.extended.call_for_each_replica(
-      gradients.largest_magnitudes, args=(grads,))
+  read = gradients.largest_magnitudes
+  if divided_by is not None and not execution.in_xla_computation():
+    bounded = tf.greater_equal(tf.cast(divided_by, tf.float32),
+                               2.0 * strategy.num_replicas_in_sync)
+
+    def finite_or_magnitudes(replica_grads: Any) -> tf.Tensor:
+      return execution.computed_unless(
+          bounded, lambda _: gradients.largest_magnitudes(replica_grads),
+          otherwise=gradients.finite_as_magnitudes(replica_grads))
+
+    read = finite_or_magnitudes
+  magnitudes = strategy.extended.call_for_each_replica(read, args=(grads,))
   local = strategy.experimental_local_results(magnitudes)
   if len(local) == strategy.num_replicas_in_sync:
     total = tf.add_n(list(local))

@@ -75,14 +75,60 @@ def one_side_runs(predicate: tf.Tensor,
   Returns:
     `predicate`'s value, once the chosen side has run.
   """
-  to_false, to_true = tf.raw_ops.Switch(data=predicate, pred=predicate)
-  false_pivot, true_pivot = tf.identity(to_false), tf.identity(to_true)
+  false_pivot, true_pivot = _pivots(predicate)
   with tf.control_dependencies([false_pivot]):
     false_done = if_false()
   with tf.control_dependencies([true_pivot]):
     true_done = if_true([true_pivot])
   return tf.raw_ops.Merge(inputs=[_once_done(false_done, false_pivot),
                                   _once_done(true_done, true_pivot)]).output
+
+
+def computed_unless(known: tf.Tensor,
+                    compute: Callable[[Sequence[tf.Tensor]], tf.Tensor],
+                    otherwise: tf.Tensor) -> tf.Tensor:
+  """`otherwise` when `known` is True; else `compute`'s result, run only then.
+
+  For work worth skipping on most steps: eagerly `compute` is called only
+  when needed; in a graph (a TF1 graph or a `tf.function`) its ops are gated
+  by a pivot tensor as in `one_side_runs`, so that the executor never runs
+  them when `known` is True, and a Merge passes on whichever value exists.
+  Unlike `tf.cond`, the tensors `compute` reads need no Switch each, and
+  ops outside it never wait for `known`.
+
+  Args:
+    known: A bool scalar tensor.
+    compute: Called with the list of tensors its ops must depend on (for ops
+      built in other threads, such as replica threads); returns a tensor of
+      `otherwise`'s dtype and shape. It must create no stateful op (in a
+      `tf.function`, every stateful op must run).
+    otherwise: The result when `known` is True.
+
+  Returns:
+    A tensor: `otherwise` or what `compute` returned.
+
+  Raises:
+    ValueError: In a computation XLA compiles, which has no such gating.
+  """
+  if tf.executing_eagerly():
+    return otherwise if bool(known) else compute([])
+  if in_xla_computation():
+    raise ValueError(
+        'computed_unless() cannot gate ops that XLA compiles; use tf.cond '
+        'there, or compute both values and select one.')
+  compute_pivot, known_pivot = _pivots(known)
+  with tf.control_dependencies([compute_pivot]):
+    computed = compute([compute_pivot])
+  with tf.control_dependencies([known_pivot]):
+    kept = tf.identity(otherwise)
+  return tf.raw_ops.Merge(inputs=[computed, kept]).output
+
+
+def _pivots(predicate: tf.Tensor) -> Sequence[tf.Tensor]:
+  # Two tensors of which only one is live: the first when `predicate` is
+  # False, the second when it is True.
+  to_false, to_true = tf.raw_ops.Switch(data=predicate, pred=predicate)
+  return tf.identity(to_false), tf.identity(to_true)
 
 
 def _once_done(done: Any, pivot: tf.Tensor) -> tf.Tensor:

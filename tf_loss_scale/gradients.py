@@ -193,6 +193,27 @@ def largest_magnitudes(grads: Any) -> tf.Tensor:
                    for dtype in gradient_dtypes(grads)])
 
 
+def finite_as_magnitudes(grads: Any) -> tf.Tensor:
+  """`largest_magnitudes` for gradients whose finite values are known small.
+
+  Where every finite value is known to be far below its dtype's largest
+  value, only whether some value is not finite matters to a bound of sums,
+  and that is read by `all_finite`: one `DebugNumericSummaryV2` kernel per
+  gradient, where `largest_magnitudes` needs a `Max` and a `Min`.
+
+  Args:
+    grads: A gradient or a nested structure of gradients, as for
+      `largest_magnitudes`.
+
+  Returns:
+    A float64 vector shaped like `largest_magnitudes(grads)`: zeros when
+    every value is finite, infs otherwise.
+  """
+  count = len(gradient_dtypes(grads))
+  return tf.where(all_finite(grads), tf.zeros([count], tf.float64),
+                  tf.fill([count], tf.constant(np.inf, tf.float64)))
+
+
 def non_finite_kinds(grads: List[Any]) -> Tuple[tf.Tensor, tf.Tensor]:
   """Which gradients hold a NaN, and which an inf, for computations XLA runs.
 

@@ -59,7 +59,9 @@ all-reduced ones, and every replica reaches it without exchanging it
   per step (`distribute.all_finite_on_every_replica`): a step is applied only
   if every replica's gradients are finite and their sums certainly are (a
   bound, exact unless the replicas' largest magnitudes together pass the
-  dtype's largest value).
+  dtype's largest value). When the step divided every gradient by a scale
+  of at least twice the number of replicas, being finite is that bound, and
+  the gradients are read for nothing more.
 
 A user's own `LossScale` subclass decides through its `update(grads)`, which
 assigns its own state as it decides, so that state moves before the apply
@@ -263,14 +265,20 @@ def apply_step(grads: Sequence[Any],
     raise ValueError(
         f'Got {len(grads)} gradients but {len(names)} names: pass one name '
         'per gradient.')
+  divided_by = None
   if scaled is not None:
-    grads = unscale_where(grads, scaled, state.scale())
+    scale = state.scale()
+    grads = unscale_where(grads, scaled, scale)
+    if all(scaled):
+      divided_by = scale
   if not reduces:
     grads = distribute.all_reduce_in_replica(grads)
 
-  def in_cross_replica(strategy: tf.distribute.Strategy,
-                       grads: List[Any]) -> Outcome:
-    all_finite = lambda: verdict(grads, summed=not reduces)
+  def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
+                       divided_by: Optional[tf.Tensor]) -> Outcome:
+    all_finite = lambda: verdict(
+        grads, summed=not reduces,
+        divided_by=distribute.first_replica_value(divided_by))
     flags = None
     if execution.in_xla_computation() and not tf.distribute.has_strategy():
       # The report's flags give the verdict too: XLA turns the branch into
@@ -304,10 +312,12 @@ def apply_step(grads: Sequence[Any],
                     name=name)
     return Outcome(applied, advanced, op)
 
-  return distribute.merge_to_cross_replica(in_cross_replica, grads)
+  return distribute.merge_to_cross_replica(in_cross_replica, grads,
+                                          divided_by)
 
 
-def verdict(grads: List[Any], summed: bool) -> tf.Tensor:
+def verdict(grads: List[Any], summed: bool,
+            divided_by: Optional[tf.Tensor] = None) -> tf.Tensor:
   """Whether the gradients a step applies are all finite, on every replica.
 
   The one place the step's verdict is computed. Call it in the
@@ -319,6 +329,10 @@ def verdict(grads: List[Any], summed: bool) -> tf.Tensor:
       every replica: then the verdict is exact and exchanges nothing.
       Otherwise it covers every replica's gradients and a bound on their
       sums, with one scalar reduced across replicas.
+    divided_by: The loss scale every gradient was divided by, when the step
+      unscaled them all; a large enough one bounds their sums, which then
+      need not be read for their magnitudes
+      (`distribute.all_finite_on_every_replica`).
 
   Returns:
     A bool scalar tensor, the same on every replica.
@@ -326,7 +340,7 @@ def verdict(grads: List[Any], summed: bool) -> tf.Tensor:
   if summed:
     # Every replica holds the same sums: any one replica's are the sums.
     return gradients.all_finite(distribute.first_replica_value(grads))
-  return distribute.all_finite_on_every_replica(grads)
+  return distribute.all_finite_on_every_replica(grads, divided_by)
 
 
 def unscale_where(grads: List[Any], scaled: Sequence[bool],
