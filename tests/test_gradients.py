@@ -219,6 +219,7 @@ def test_all_finite_mixes_bfloat16_with_other_dtypes(bfloat16_value,
 
 
 def test_all_finite_in_a_tf1_graph_is_one_op_per_gradient_and_no_branch():
+  # Gradients of unknown size are not added up first: one read each.
   with tf.Graph().as_default() as graph:
     grads = [tf.compat.v1.placeholder(tf.float32, [None]) for _ in range(5)]
     before = {op.name for op in graph.get_operations()}
@@ -229,6 +230,53 @@ def test_all_finite_in_a_tf1_graph_is_one_op_per_gradient_and_no_branch():
   # Besides the per-gradient summaries: one sum, one slice, one comparison
   # and their constant operands.
   assert len(added) <= 5 + 8, added
+
+
+@pytest.mark.parametrize('rows,dtype,expected', [
+    ([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32, True),
+    # Finite, though their sum is not: the gradients are read again.
+    ([[3e38, 1.0], [3e38, 1.0], [1.0, 1.0]], np.float32, True),
+    ([[-3e38, 1.0], [-3e38, 1.0], [1.0, INF]], np.float32, False),
+    # An inf and a -inf add up to a NaN: still seen.
+    ([[INF, 1.0], [-INF, 1.0], [1.0, 1.0]], np.float32, False),
+    ([[1.0, 1.0], [1.0, NAN], [1.0, 1.0]], np.float32, False),
+    ([[60000.0, 1.0], [60000.0, 1.0]], np.float16, True),
+    ([[60000.0, 1.0], [1.0, -INF]], np.float16, False),
+    ([[1e308, 1.0], [1e308, 1.0]], np.float64, True),
+])
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])
+def test_all_finite_of_small_gradients_of_one_shape_is_exact(rows, dtype,
+                                                             expected, mode):
+  # A large gradient and one of another shape ride along, both finite.
+  def verdict():
+    return gradients.all_finite(
+        [tf.constant(row, dtype) for row in rows] +
+        [tf.zeros([gradients._GROUPED_SIZE + 1], dtype), tf.ones([3], dtype)])
+
+  assert bool(_in_mode(mode, verdict)) is expected, f'{mode}: {rows}'
+
+
+def _debug_summaries_run(feed_rows):
+  # Runs all_finite of four float32 gradients of shape [2] in a TF1 session,
+  # traced: its verdict and how many DebugNumericSummaryV2 kernels ran.
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    grads = [tf.compat.v1.placeholder(tf.float32, [2]) for _ in feed_rows]
+    verdict = gradients.all_finite(grads)
+    metadata = tf.compat.v1.RunMetadata()
+    value = session.run(verdict, dict(zip(grads, feed_rows)),
+                         options=tf.compat.v1.RunOptions(
+                             trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                         run_metadata=metadata)
+  ran = [node.timeline_label for device in metadata.step_stats.dev_stats
+         for node in device.node_stats]
+  return value, sum(' = DebugNumericSummaryV2(' in label for label in ran)
+
+
+def test_all_finite_reads_the_sum_and_each_gradient_only_when_flagged():
+  assert _debug_summaries_run([[1.0, 2.0]] * 4) == (True, 1)
+  assert _debug_summaries_run([[1.0, 2.0]] * 3 + [[NAN, 2.0]]) == (False, 5)
+  # Finite gradients whose sum overflows: read one by one, and applied.
+  assert _debug_summaries_run([[3e38, 2.0]] * 4) == (True, 5)
 
 
 @pytest.mark.parametrize('mode', ['eager', 'function', 'jit', 'graph'])

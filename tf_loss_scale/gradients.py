@@ -78,7 +78,7 @@ def all_finite(grads: Any) -> tf.Tensor:
   """Tells whether every value of every gradient is finite.
 
   The answer is exact (large finite values never count as overflow) and is
-  computed without a branch, but how depends on where:
+  computed without a branch on most steps, but how depends on where:
   - In a computation XLA compiles (`execution.in_xla_computation`), every
     value is tested with `IsFinite`: XLA has no kernel for the debug op
     below, and fuses this test into the ops that produce the gradients.
@@ -88,7 +88,13 @@ def all_finite(grads: Any) -> tf.Tensor:
     gradient, no temporary the size of the gradient, and a flag that is 1
     when any value is inf or NaN. The flags are added up once. Fewer ops per
     gradient is what matters with many small variables, and the one read
-    what matters with large ones (see docs/benchmarks.md).
+    what matters with large ones (see docs/benchmarks.md). Small gradients
+    of one dtype and shape (`_GROUPED_SIZE` values at most, as many layers
+    have) are first added up by one `AddN`, and only the sum is read: a sum
+    holds an inf or a NaN whenever one of its terms does. It can also
+    overflow from finite terms; so when some sum or gradient is flagged, the
+    gradients are read again one by one, on that step only
+    (`execution.computed_unless`), and that second reading decides.
   bfloat16 gradients are always tested with `IsFinite` (the debug op has no
   GPU kernel for them).
 
@@ -104,12 +110,12 @@ def all_finite(grads: Any) -> tf.Tensor:
     return tf.constant(True)
   if execution.in_xla_computation():
     return _every_value_finite(values)
-  summarized = [v for v in values if v.dtype in _SUMMARIZED_DTYPES]
-  others = [v for v in values if v.dtype not in _SUMMARIZED_DTYPES]
-  verdicts = [_none_flagged(summarized)] if summarized else []
-  if others:
-    verdicts.append(_every_value_finite(others))
-  return verdicts[0] if len(verdicts) == 1 else tf.logical_and(*verdicts)
+  summed = _summed_by_shape(values)
+  if len(summed) == len(values):
+    return _each_finite(values)
+  flagged_none = _each_finite(summed)
+  return execution.computed_unless(
+      flagged_none, lambda _: _each_finite(values), otherwise=flagged_none)
 
 
 def dense_values(grads: Any) -> List[tf.Tensor]:
@@ -481,6 +487,28 @@ def _none_flagged(values: List[tf.Tensor]) -> tf.Tensor:
       for v in values
   ]
   return tf.equal(tf.add_n(summaries)[1], 0.0)
+
+
+def _each_finite(values: List[tf.Tensor]) -> tf.Tensor:
+  # `all_finite` of `values`, outside XLA, read one by one.
+  summarized = [v for v in values if v.dtype in _SUMMARIZED_DTYPES]
+  others = [v for v in values if v.dtype not in _SUMMARIZED_DTYPES]
+  verdicts = [_none_flagged(summarized)] if summarized else []
+  if others:
+    verdicts.append(_every_value_finite(others))
+  return verdicts[0] if len(verdicts) == 1 else tf.logical_and(*verdicts)
+
+
+def _summed_by_shape(values: List[tf.Tensor]) -> List[tf.Tensor]:
+  # `values` with the small ones of each summarized dtype and static shape
+  # replaced by their sum; the others, and groups of one, as they are.
+  groups = {}
+  for v in values:
+    key = ((v.dtype, tuple(v.shape.as_list()))
+           if v.dtype in _SUMMARIZED_DTYPES and _is_small(v) else id(v))
+    groups.setdefault(key, []).append(v)
+  return [members[0] if len(members) == 1 else tf.add_n(members)
+          for members in groups.values()]
 
 
 def _every_value_finite(values: List[tf.Tensor]) -> tf.Tensor:
