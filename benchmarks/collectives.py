@@ -80,7 +80,7 @@ def in_graph_def(graph_def: Any, replicas: int = 1, sums: bool = True) -> float:
       if node.op in COLLECTIVE_OPS:
         total += 1 / replicas
       elif (sums and node.op in _SUM_OPS and
-            len(_input_devices(node, device_of)) > 1):
+            len(input_devices(node, device_of)) > 1):
         total += 1
       if node.op in library:  # A function called by its name.
         total += in_function(node.op)
@@ -111,7 +111,17 @@ def per_replica_step(step: Any, strategy: tf.distribute.Strategy,
   return in_graph_def(graph_def, len(strategy.extended.worker_devices), sums)
 
 
-def _input_devices(node: Any, device_of: Mapping[str, str]) -> set:
+def input_devices(node: Any, device_of: Mapping[str, str]) -> set:
+  """The devices of the nodes whose outputs `node` takes (control inputs too).
+
+  Args:
+    node: A NodeDef.
+    device_of: Node name -> its device, for the nodes of `node`'s graph or
+      function body.
+
+  Returns:
+    The set of those devices that are known (non-empty).
+  """
   names = (name.lstrip('^').split(':')[0] for name in node.input)
   return {device_of[name] for name in names if device_of.get(name)}
 

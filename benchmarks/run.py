@@ -14,8 +14,9 @@ floor variant (`variants._BarrierFloorV1`: scale, unscale, hold every
 gradient until all exist, apply; no check, no state) and prints its ratio to
 the reference, and a read floor (`variants._ReadFloorV1`: the same, with
 every gradient read once, by one reduction whose results are kept, before
-the barrier): the least overhead an exact skip built from TensorFlow ops can
-have, since it cannot decide without reading every value. The graph target
+the barrier): the least overhead of an exact skip that reads each gradient
+by a kernel of its own, since it cannot decide without reading every value.
+The graph target
 is against the read floor. Every row also counts the ops each wrapper adds
 to the traced step (over the bare step's; ops in called functions, such as
 the branches of a conditional, included, but for the bodies of functions

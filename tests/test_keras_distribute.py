@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from benchmarks import collectives
 from tf_loss_scale import keras as tls_keras
 
 import versions
@@ -341,15 +342,12 @@ def _reductions_per_step(strategy, opt, variables):
     if name not in skip_sides:
       nodes.extend(function.node_def)
   device_of = {n.name: n.device for n in nodes}
-
-  def input_devices(node):
-    names = [i.lstrip('^').split(':')[0] for i in node.input]
-    return {device_of[name] for name in names if device_of.get(name)}
-
   return {'gradient collectives': sum(n.op == 'CollectiveReduceV2'
                                       for n in nodes),
-          'scalar reductions': sum(n.op == 'AddN' and len(input_devices(n)) > 1
-                                   for n in nodes)}
+          'scalar reductions': sum(
+              n.op == 'AddN' and
+              len(collectives.input_devices(n, device_of)) > 1
+              for n in nodes)}
 
 
 def test_gradient_collectives_per_step_equal_a_bare_optimizers(

@@ -68,7 +68,7 @@ def all_finite_on_every_replica(
 
     def finite_or_magnitudes(replica_grads: Any) -> tf.Tensor:
       return execution.computed_unless(
-          bounded, lambda _: gradients.largest_magnitudes(replica_grads),
+          bounded, lambda: gradients.largest_magnitudes(replica_grads),
           otherwise=gradients.finite_as_magnitudes(replica_grads))
 
     read = finite_or_magnitudes

@@ -84,8 +84,7 @@ def one_side_runs(predicate: tf.Tensor,
                                   _once_done(true_done, true_pivot)]).output
 
 
-def computed_unless(known: tf.Tensor,
-                    compute: Callable[[Sequence[tf.Tensor]], tf.Tensor],
+def computed_unless(known: tf.Tensor, compute: Callable[[], tf.Tensor],
                     otherwise: tf.Tensor) -> tf.Tensor:
   """`otherwise` when `known` is True; else `compute`'s result, run only then.
 
@@ -98,10 +97,10 @@ def computed_unless(known: tf.Tensor,
 
   Args:
     known: A bool scalar tensor.
-    compute: Called with the list of tensors its ops must depend on (for ops
-      built in other threads, such as replica threads); returns a tensor of
-      `otherwise`'s dtype and shape. It must create no stateful op (in a
-      `tf.function`, every stateful op must run).
+    compute: Returns a tensor of `otherwise`'s dtype and shape; called in
+      this thread, so that its ops get the gate (replica threads would not
+      inherit it). It must create no stateful op (in a `tf.function`, every
+      stateful op must run).
     otherwise: The result when `known` is True.
 
   Returns:
@@ -111,14 +110,14 @@ def computed_unless(known: tf.Tensor,
     ValueError: In a computation XLA compiles, which has no such gating.
   """
   if tf.executing_eagerly():
-    return otherwise if bool(known) else compute([])
+    return otherwise if bool(known) else compute()
   if in_xla_computation():
     raise ValueError(
         'computed_unless() cannot gate ops that XLA compiles; use tf.cond '
         'there, or compute both values and select one.')
   compute_pivot, known_pivot = _pivots(known)
   with tf.control_dependencies([compute_pivot]):
-    computed = compute([compute_pivot])
+    computed = compute()
   with tf.control_dependencies([known_pivot]):
     kept = tf.identity(otherwise)
   return tf.raw_ops.Merge(inputs=[computed, kept]).output

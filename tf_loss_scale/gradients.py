@@ -115,7 +115,7 @@ def all_finite(grads: Any) -> tf.Tensor:
     return _each_finite(values)
   flagged_none = _each_finite(summed)
   return execution.computed_unless(
-      flagged_none, lambda _: _each_finite(values), otherwise=flagged_none)
+      flagged_none, lambda: _each_finite(values), otherwise=flagged_none)
 
 
 def dense_values(grads: Any) -> List[tf.Tensor]:
