@@ -139,6 +139,14 @@ def _trap_magnitudes(monkeypatch):
   monkeypatch.setattr(gradients, 'largest_magnitudes', trapped)
 
 
+def _scale_as(strategy, kind, value):
+  """A loss scale as one tensor, or as each replica's read of it."""
+  if kind == 'one':
+    return tf.constant(value)
+  return strategy.experimental_distribute_values_from_function(
+      lambda context: tf.constant(value))
+
+
 @pytest.mark.parametrize('values,expected', [
     ((1.0, 2.0), True),
     ((1.0, INF), False),
@@ -147,8 +155,10 @@ def _trap_magnitudes(monkeypatch):
 ])
 @pytest.mark.parametrize('in_function', [False, True],
                          ids=['eager', 'function'])
+@pytest.mark.parametrize('scale_kind', ['one', 'per_replica'])
 def test_a_scale_of_twice_the_replicas_settles_the_sums_without_magnitudes(
-    mirrored_strategy, monkeypatch, values, expected, in_function):
+    mirrored_strategy, monkeypatch, values, expected, in_function,
+    scale_kind):
   _trap_magnitudes(monkeypatch)
   grads = _per_replica(mirrored_strategy, values)
   verdict_of = distribute.all_finite_on_every_replica
@@ -156,17 +166,35 @@ def test_a_scale_of_twice_the_replicas_settles_the_sums_without_magnitudes(
     verdict_of = tf.function(verdict_of)
   with mirrored_strategy.scope():
     # Two replicas: from a scale of 4 on, quotients cannot sum past the max.
-    verdict = verdict_of(grads, tf.constant(4.0))
+    verdict = verdict_of(grads,
+                         _scale_as(mirrored_strategy, scale_kind, 4.0))
     assert bool(verdict) is expected, f'replica values {values}'
     with pytest.raises(tf.errors.InvalidArgumentError, match='magnitudes read'):
-      verdict_of(grads, tf.constant(3.99))
+      verdict_of(grads, _scale_as(mirrored_strategy, scale_kind, 3.99))
+
+
+@pytest.mark.parametrize('low_replica', [0, 1])
+def test_each_replica_decides_from_its_own_read_of_the_scale(
+    mirrored_strategy, monkeypatch, low_replica):
+  # The replicas' reads are the same in a step; here they differ, to show
+  # that a replica whose read is below twice the replicas reads magnitudes
+  # (which the trap turns into an error) whatever the other replica read.
+  _trap_magnitudes(monkeypatch)
+  grads = _per_replica(mirrored_strategy, (1.0, 2.0))
+  scales = mirrored_strategy.experimental_distribute_values_from_function(
+      lambda context: tf.constant(
+          3.99 if context.replica_id_in_sync_group == low_replica else 4.0))
+  with mirrored_strategy.scope():
+    with pytest.raises(tf.errors.InvalidArgumentError, match='magnitudes read'):
+      tf.function(distribute.all_finite_on_every_replica)(grads, scales)
 
 
 @pytest.mark.parametrize('scale', [1.0, 3.99])
 @pytest.mark.parametrize('in_function', [False, True],
                          ids=['eager', 'function'])
+@pytest.mark.parametrize('scale_kind', ['one', 'per_replica'])
 def test_below_twice_the_replicas_the_magnitudes_bound_the_sums(
-    mirrored_strategy, scale, in_function):
+    mirrored_strategy, scale, in_function, scale_kind):
   # 40000 on each replica is finite in float16; the sum is not.
   big = mirrored_strategy.experimental_distribute_values_from_function(
       lambda context: [tf.constant([40000.0, 1.0], tf.float16)])
@@ -174,7 +202,9 @@ def test_below_twice_the_replicas_the_magnitudes_bound_the_sums(
   if in_function:
     verdict_of = tf.function(verdict_of)
   with mirrored_strategy.scope():
-    assert not bool(verdict_of(big, tf.constant(scale))), f'scale {scale}'
+    assert not bool(verdict_of(
+        big, _scale_as(mirrored_strategy, scale_kind, scale))), (
+            f'scale {scale}')
 
 
 @versions.KERAS_SUMS_ACROSS_REPLICAS.mark

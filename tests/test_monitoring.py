@@ -117,9 +117,8 @@ def test_skipped_steps_in_tf1_graph_with_and_without_local_init():
     # A default Saver, built from the global variables, does not see the
     # skip count, the last step's verdict or the skip report.
     assert sorted(v.name for v in tf.compat.v1.local_variables()) == [
-        'last_step_skipped:0', 'skip_inf_0:0', 'skip_loss_scale:0',
-        'skip_nan_0:0', 'skip_site:0', 'skip_step:0', 'skipped_steps:0',
-        'steps:0']
+        'last_step_skipped:0', 'skip_flags_0:0', 'skip_report:0',
+        'skipped_steps:0', 'steps:0']
     for init in (tf.compat.v1.global_variables_initializer(),
                  tf.group(tf.compat.v1.global_variables_initializer(),
                           tf.compat.v1.local_variables_initializer())):

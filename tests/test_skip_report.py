@@ -7,6 +7,7 @@ variable outside any layer is named by its path, its own name; a
 `tf.Variable` by `name:0`.
 """
 
+import collections
 import glob
 import logging
 import os
@@ -18,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tf_loss_scale
+from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import monitoring
 import front_ends
 import versions
@@ -363,3 +365,33 @@ def test_report_is_not_in_checkpoints(tmp_path):
   restored = tf_loss_scale.DynamicLossScale(initial_loss_scale=8.0)
   tf.train.Checkpoint(loss_scale=restored).restore(path).assert_consumed()
   assert monitoring.last_skip(restored) is None
+
+
+def _writes(fn, strategy):
+  """How many variable writes a `tf.function` of `fn` makes, by device."""
+  def traced():
+    fn()
+
+  with strategy.scope():
+    graph = tf.function(traced).get_concrete_function().graph
+  devices = collections.Counter(
+      op.device.rsplit(':', 1)[-1] for op in graph.get_operations()
+      if op.type in ('AssignVariableOp', 'AssignAddVariableOp'))
+  return dict(devices)
+
+
+@pytest.mark.parametrize('replicas', [1, 2])
+def test_a_skip_writes_its_report_in_two_variables(mirrored_strategy,
+                                                  replicas):
+  # Under a strategy each variable written is written on every device, so
+  # the report is kept in as few variables as it can be.
+  strategy = (mirrored_strategy if replicas == 2 else
+              tf.distribute.get_strategy())
+  with strategy.scope():
+    loss_scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=2.0)
+    # As a step does: the site's flags are made under the strategy too.
+    write_report = loss_scale_lib.step_record_of(loss_scale).skip_reporter(
+        [tf.constant([INF])], ['w'], loss_scale, summed=True)
+  per_device = ['0', '1'] if replicas == 2 else ['']
+  assert _writes(write_report, strategy) == {
+      device: 2 for device in per_device}

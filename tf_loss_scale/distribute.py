@@ -44,9 +44,11 @@ def all_finite_on_every_replica(
 
   Args:
     grads: A nested structure of gradients, possibly per-replica values.
-    divided_by: None, or the loss scale (a scalar tensor, in the
-      cross-replica context) that every gradient in `grads` is the quotient
-      of, computed by `gradients.unscale` from a value of its own dtype.
+    divided_by: None, or the loss scale that every gradient in `grads` is
+      the quotient of, computed by `gradients.unscale` from a value of its
+      own dtype: a scalar tensor, or one per replica (each replica's read of
+      the scale, as a merge_call hands it over), which lets each replica
+      decide on its own device, with nothing copied between devices.
 
   Returns:
     A scalar bool tensor, the same on every replica.
@@ -61,18 +63,21 @@ def all_finite_on_every_replica(
   dtypes = gradients.gradient_dtypes(first_replica_value(grads))
   if not dtypes:
     return tf.constant(True)
-  read = gradients.largest_magnitudes
-  if divided_by is not None and not execution.in_xla_computation():
-    bounded = tf.greater_equal(tf.cast(divided_by, tf.float32),
-                               2.0 * strategy.num_replicas_in_sync)
+  if divided_by is None or execution.in_xla_computation():
+    magnitudes = strategy.extended.call_for_each_replica(
+        gradients.largest_magnitudes, args=(grads,))
+  else:
+    limit = 2.0 * strategy.num_replicas_in_sync
 
-    def finite_or_magnitudes(replica_grads: Any) -> tf.Tensor:
+    def finite_or_magnitudes(replica_grads: Any,
+                             replica_scale: tf.Tensor) -> tf.Tensor:
+      bounded = tf.greater_equal(tf.cast(replica_scale, tf.float32), limit)
       return execution.computed_unless(
           bounded, lambda: gradients.largest_magnitudes(replica_grads),
           otherwise=gradients.finite_as_magnitudes(replica_grads))
 
-    read = finite_or_magnitudes
-  magnitudes = strategy.extended.call_for_each_replica(read, args=(grads,))
+    magnitudes = strategy.extended.call_for_each_replica(
+        finite_or_magnitudes, args=(grads, divided_by))
   local = strategy.experimental_local_results(magnitudes)
   if len(local) == strategy.num_replicas_in_sync:
     total = tf.add_n(list(local))

@@ -276,9 +276,8 @@ def apply_step(grads: Sequence[Any],
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
                        divided_by: Optional[tf.Tensor]) -> Outcome:
-    all_finite = lambda: verdict(
-        grads, summed=not reduces,
-        divided_by=distribute.first_replica_value(divided_by))
+    all_finite = lambda: verdict(grads, summed=not reduces,
+                                 divided_by=divided_by)
     flags = None
     if execution.in_xla_computation() and not tf.distribute.has_strategy():
       # The report's flags give the verdict too: XLA turns the branch into
@@ -330,9 +329,9 @@ def verdict(grads: List[Any], summed: bool,
       Otherwise it covers every replica's gradients and a bound on their
       sums, with one scalar reduced across replicas.
     divided_by: The loss scale every gradient was divided by, when the step
-      unscaled them all; a large enough one bounds their sums, which then
-      need not be read for their magnitudes
-      (`distribute.all_finite_on_every_replica`).
+      unscaled them all (per-replica values under a strategy); a large
+      enough one bounds their sums, which then need not be read for their
+      magnitudes (`distribute.all_finite_on_every_replica`).
 
   Returns:
     A bool scalar tensor, the same on every replica.

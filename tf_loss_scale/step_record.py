@@ -8,13 +8,23 @@ never saved with it (checkpoints and `.keras` files keep the peers' layouts):
 - the skip report of the latest skipped step: the step's number, the scale
   its gradients were computed with, and which gradients held a NaN and which
   an inf. It is written only on a skipped step, from the step's skip branch
-  (`tf_loss_scale.step.apply_step`), so a finite step pays for the `steps`
-  counter alone.
+  (`tf_loss_scale.step.apply_step`), so a finite step pays for the counts
+  alone.
+
+The report is held in as few variables as its dtypes allow: its numbers in
+one float64 vector (its integers are exact there up to 2**53) and its flags
+in one boolean matrix per site. Under a strategy every variable is mirrored
+and a write of one is a write on every device, which a finite step pays for
+in part even on the skip branch it does not take (the branch's inputs still
+pass between devices, as dead tensors): two writes cost less than five. The
+counts stay three scalars, as Keras's optimizer tests expect of what an
+optimizer assigns directly (they stand in for `assign` with a function that
+refuses any other variable).
 
 `SkipReport` is what `tf_loss_scale.monitoring.last_skip` returns. The
-per-gradient flags live in boolean variables, one pair per list of gradient
-names the record has seen (a "site"; most steps have one), created the first
-time a step with those names is traced: numbers only, so that the record
+per-gradient flags live in one boolean variable per list of gradient names
+the record has seen (a "site"; most steps have one), created the first time
+a step with those names is traced: numbers only, so that the record
 works under XLA too, with the names kept in Python.
 
 In a TF1 graph the variables are local variables, which a default `Saver`
@@ -31,6 +41,10 @@ import tensorflow as tf
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
+
+# Entries of the report's numbers, and what they read as with no report.
+_SKIP_STEP, _SKIP_SITE, _SKIP_SCALE = 0, 1, 2
+_NO_REPORT = (-1.0, 0.0, 0.0)
 
 OVERFLOW = 'overflow'
 NAN = 'nan'
@@ -104,16 +118,21 @@ class _Site:
 
   def __init__(self, index: int, names: Tuple[str, ...]):
     self.names = names
-    count = len(names)
+    self.index = index
+    self.none_flagged = [[False] * len(names)] * 2
     with tf.init_scope():
-      self.nan = _monitoring_variable(f'skip_nan_{index}', [False] * count,
-                                      tf.bool, [count])
-      self.inf = _monitoring_variable(f'skip_inf_{index}', [False] * count,
-                                      tf.bool, [count])
+      # Row 0: which gradients held a NaN; row 1: which an inf.
+      self.flags = _monitoring_variable(f'skip_flags_{index}',
+                                        self.none_flagged, tf.bool,
+                                        [2, len(names)])
       # In a TF1 graph, what `StepRecord.read` runs, made now: a graph may be
       # finalized (as `MonitoredTrainingSession` does) before it is read.
-      self.reads = (_reads_in_graph(nan=self.nan, inf=self.inf)
-                    if execution.in_tf1_graph() else None)
+      self.read_in_graph = (self.read_flags() if execution.in_tf1_graph()
+                            else None)
+
+  def read_flags(self) -> tf.Tensor:
+    """The flags, none set in a TF1 graph before the variable has a value."""
+    return _read_or(self.flags, self.none_flagged)
 
 
 class StepRecord:
@@ -125,12 +144,13 @@ class StepRecord:
   """
 
   def __init__(self):
-    self._variables = None
+    self._counts = None
+    self._report = None
     self._sites: Dict[Tuple[str, ...], _Site] = {}
 
   @property
   def created(self) -> bool:
-    return self._variables is not None
+    return self._counts is not None
 
   def create(self, names: Optional[Sequence[str]] = None) -> None:
     """Creates the variables, outside any `tf.function` being traced.
@@ -143,44 +163,42 @@ class StepRecord:
         variable it creates).
     """
     with tf.init_scope():
-      self._variables = {
+      self._counts = {
+          'steps': _monitoring_variable('steps', 0, tf.int64),
           'skipped_steps': _monitoring_variable('skipped_steps', 0, tf.int64),
           'last_step_skipped': _monitoring_variable('last_step_skipped',
                                                     False, tf.bool),
-          'steps': _monitoring_variable('steps', 0, tf.int64),
-          # -1 until a step is skipped.
-          'skip_step': _monitoring_variable('skip_step', -1, tf.int64),
-          'skip_loss_scale': _monitoring_variable('skip_loss_scale', 0.0,
-                                                  tf.float32),
-          'skip_site': _monitoring_variable('skip_site', 0, tf.int64),
       }
+      # The latest skipped step's number (-1 until a step is skipped), the
+      # index of its site, and its loss scale.
+      self._report = _monitoring_variable('skip_report', _NO_REPORT,
+                                          tf.float64, [3])
       self._graph = (None if tf.executing_eagerly() else
                      tf.compat.v1.get_default_graph())
-      self._reads = (self._summary_reads() if execution.in_tf1_graph() else
-                     None)
+      self._report_in_graph = (self._read_report() if execution.in_tf1_graph()
+                               else None)
     if names is not None:
       self._site(tuple(names))
 
-  def _summary_reads(self) -> Dict[str, tf.Tensor]:
-    v = self._variables
-    return _reads_in_graph(step=v['skip_step'], loss_scale=v['skip_loss_scale'],
-                           site=v['skip_site'])
+  def _read_report(self) -> tf.Tensor:
+    return _read_or(self._report, _NO_REPORT)
 
   def variables(self) -> Dict[str, tf.Variable]:
     """Every variable of the record, by name (for SavedModel tracking)."""
-    found = dict(self._variables or {})
-    for index, site in enumerate(self._sites.values()):
-      found[f'skip_nan_{index}'] = site.nan
-      found[f'skip_inf_{index}'] = site.inf
+    if not self.created:
+      return {}
+    found = dict(self._counts, skip_report=self._report)
+    for site in self._sites.values():
+      found[f'skip_flags_{site.index}'] = site.flags
     return found
 
   def record(self, skipped: tf.Tensor) -> Any:
     """Counts one step, skipped or not; returns the op (graph) that does."""
-    v = self._variables
+    counts = self._counts
     return tf.group(
-        _add([(v['skipped_steps'], tf.cast(skipped, tf.int64)),
-              (v['steps'], tf.constant(1, tf.int64))]),
-        v['last_step_skipped'].assign(skipped))
+        _add([(counts['skipped_steps'], tf.cast(skipped, tf.int64)),
+              (counts['steps'], tf.constant(1, tf.int64))]),
+        counts['last_step_skipped'].assign(skipped))
 
   def skip_reporter(self, grads: List[Any], names: Sequence[str],
                     scale: Callable[[], tf.Tensor], summed: bool,
@@ -207,17 +225,19 @@ class StepRecord:
       A function that writes the report and returns its op (graph), or None
       eagerly.
     """
-    names = tuple(names)
-    site = self._site(names)
-    v = self._variables
+    site = self._site(tuple(names))
 
     def write() -> Any:
       nan, inf = flags() if flags else _locate(grads, summed)
+      # The steps counted before this one; -1 ("no report") while a TF1
+      # session has not initialised the counts.
+      step = _read_or(self._counts['steps'], -1)
+      numbers = tf.stack([tf.cast(step, tf.float64),
+                          tf.constant(site.index, tf.float64),
+                          tf.cast(scale(), tf.float64)])
       return execution.op_in_graph_mode(lambda: tf.group(
-          site.nan.assign(nan), site.inf.assign(inf),
-          v['skip_site'].assign(list(self._sites).index(names)),
-          v['skip_loss_scale'].assign(tf.cast(scale(), tf.float32)),
-          v['skip_step'].assign(_read_or(v['steps'], -1))))
+          site.flags.assign(tf.stack([nan, inf]), read_value=False),
+          self._report.assign(numbers, read_value=False)))
 
     return write
 
@@ -229,12 +249,12 @@ class StepRecord:
   def skipped_steps(self) -> tf.Tensor:
     if not self.created:
       return tf.constant(0, tf.int64)
-    return _read_or(self._variables['skipped_steps'], 0)
+    return _read_or(self._counts['skipped_steps'], 0)
 
   def last_step_skipped(self) -> tf.Tensor:
     if not self.created:
       return tf.constant(False)
-    return _read_or(self._variables['last_step_skipped'], False)
+    return _read_or(self._counts['last_step_skipped'], False)
 
   def describe(self) -> tf.Tensor:
     """The latest report as a string tensor, for messages built in a graph.
@@ -244,27 +264,26 @@ class StepRecord:
       `str(SkipReport)` words it, then `NAN_NOTE` when its cause is a NaN;
       empty with no report.
     """
-    v = self._variables
-    step = _read_or(v['skip_step'], -1)
+    report = self._read_report()
+    step = tf.cast(report[_SKIP_STEP], tf.int64)
     # Entry 0 stands for "no site": no names.
     texts, has_nan = [tf.constant('')], [tf.constant(False)]
     for site in self._sites.values():
-      nan = _read_or(site.nan, [False] * len(site.names))
-      inf = _read_or(site.inf, [False] * len(site.names))
+      nan, inf = tf.unstack(site.read_flags())
       found = tf.stack([_listed('NaN in ', site.names, nan),
                         _listed('inf in ', site.names, inf)])
       texts.append(tf.strings.reduce_join(
           tf.boolean_mask(found, tf.strings.length(found) > 0),
           separator='; '))
       has_nan.append(tf.reduce_any(nan))
-    which = tf.where(step >= 0, _read_or(v['skip_site'], 0) + 1,
+    which = tf.where(step >= 0, tf.cast(report[_SKIP_SITE], tf.int64) + 1,
                      tf.constant(0, tf.int64))
     found, nan_found = tf.gather(tf.stack(texts), which), tf.gather(
         tf.stack(has_nan), which)
     text = tf.strings.join([
         ' The last skipped step: step ', tf.strings.as_string(step),
         ' skipped at loss scale ',
-        tf.strings.as_string(_read_or(v['skip_loss_scale'], 0.0),
+        tf.strings.as_string(tf.cast(report[_SKIP_SCALE], tf.float32),
                              shortest=True),
         ' (', tf.where(nan_found, NAN, OVERFLOW), '): ',
         tf.where(tf.strings.length(found) > 0, found, NO_FLAG), '.',
@@ -288,8 +307,8 @@ class StepRecord:
     if not self.created:
       return None
     if self._graph is None:
-      run = lambda reads: {k: v.numpy() for k, v in reads.items()}
-      summary = run(self._summary_reads())
+      run = lambda read: read.numpy()
+      report = self._read_report().numpy()
     else:
       if session is None:
         raise ValueError(
@@ -301,16 +320,16 @@ class StepRecord:
             'scale was built in: pass the Session that runs its training '
             'step.')
       run = session.run
-      summary = run(self._reads)
-    if summary['step'] < 0:
+      report = run(self._report_in_graph)
+    if report[_SKIP_STEP] < 0:
       return None
-    site = list(self._sites.values())[int(summary['site'])]
-    flags = run(site.reads if self._graph is not None else
-                _reads_in_graph(nan=site.nan, inf=site.inf))
-    nan = tuple(n for n, flag in zip(site.names, flags['nan']) if flag)
-    inf = tuple(n for n, flag in zip(site.names, flags['inf']) if flag)
-    return SkipReport(step=int(summary['step']),
-                      loss_scale=float(summary['loss_scale']), nan=nan,
+    site = list(self._sites.values())[int(report[_SKIP_SITE])]
+    nan_flags, inf_flags = run(site.read_in_graph if self._graph is not None
+                               else site.read_flags())
+    nan = tuple(n for n, flag in zip(site.names, nan_flags) if flag)
+    inf = tuple(n for n, flag in zip(site.names, inf_flags) if flag)
+    return SkipReport(step=int(report[_SKIP_STEP]),
+                      loss_scale=float(report[_SKIP_SCALE]), nan=nan,
                       inf=inf, cause=NAN if nan else OVERFLOW)
 
 
@@ -464,18 +483,6 @@ def _read_or(variable: tf.Variable, uninitialized: Any) -> tf.Tensor:
     return tf.cond(_is_initialized(variable), lambda: tf.identity(variable),
                    lambda: tf.constant(uninitialized, variable.dtype))
   return tf.identity(variable)
-
-
-def _reads_in_graph(**variables: tf.Variable) -> Dict[str, tf.Tensor]:
-  """Reads of the report's variables, by name; in a TF1 graph, None-safe.
-
-  A variable not yet initialised reads as "no report" (-1 for `step`) or as
-  its initial value otherwise; eagerly these are the values.
-  """
-  defaults = {'step': -1, 'loss_scale': 0.0, 'site': 0}
-  return {name: _read_or(variable, defaults[name] if name in defaults else
-                         [False] * variable.shape[0])
-          for name, variable in variables.items()}
 
 
 def _is_initialized(variable: tf.Variable) -> tf.Tensor:
