@@ -119,7 +119,7 @@ class _Site:
   def __init__(self, index: int, names: Tuple[str, ...]):
     self.names = names
     self.index = index
-    self.none_flagged = [[False] * len(names)] * 2
+    self.none_flagged = [[False] * len(names) for _ in range(2)]
     with tf.init_scope():
       # Row 0: which gradients held a NaN; row 1: which an inf.
       self.flags = _monitoring_variable(f'skip_flags_{index}',
@@ -140,7 +140,8 @@ class StepRecord:
 
   Create its variables with `create()` where the loss scale creates its own
   (in a strategy's scope when there is one), then call `record` once per
-  step with the step's verdict and `report_skip` from the skip branch.
+  step with whether it was skipped, and the function `skip_reporter`
+  returns from the skip branch.
   """
 
   def __init__(self):
@@ -307,8 +308,8 @@ class StepRecord:
     if not self.created:
       return None
     if self._graph is None:
-      run = lambda read: read.numpy()
-      report = self._read_report().numpy()
+      run = lambda tensor: tensor.numpy()
+      report = run(self._read_report())
     else:
       if session is None:
         raise ValueError(
