@@ -16,12 +16,11 @@ the reference, and a read floor (`variants._ReadFloorV1`: the same, with
 every gradient read once, by one reduction whose results are kept, before
 the barrier): the least overhead of an exact skip that reads each gradient
 by a kernel of its own, since it cannot decide without reading every value.
-The graph target
-is against the read floor. Every row also counts the ops each wrapper adds
-to the traced step (over the bare step's; ops in called functions, such as
-the branches of a conditional, included, but for the bodies of functions
-never inlined, which run only when called) and checks that ours ends with
-the same variable values as the reference. Rows under a strategy also count
+The graph target is against the read floor. Every row also counts the ops
+each wrapper adds to the traced step (over the bare step's; ops in called
+functions, such as the branches of a conditional, included, but for the
+bodies of functions never inlined, which run only when called) and checks
+that ours ends with the same variable values as the reference. Rows under a strategy also count
 the cross-replica reductions per step of each variant, and among them the
 collective ops (benchmarks/collectives.py). Results go to
 benchmarks/results.json (or --json PATH).

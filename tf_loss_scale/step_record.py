@@ -16,7 +16,7 @@ one float64 vector (its integers are exact there up to 2**53) and its flags
 in one boolean matrix per site. Under a strategy every variable is mirrored
 and a write of one is a write on every device, which a finite step pays for
 in part even on the skip branch it does not take (the branch's inputs still
-pass between devices, as dead tensors): two writes cost less than five. The
+pass between devices, as dead tensors), so a skip writes two variables. The
 counts stay three scalars, as Keras's optimizer tests expect of what an
 optimizer assigns directly (they stand in for `assign` with a function that
 refuses any other variable).
