@@ -55,7 +55,7 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
         loss scale identifier; under a strategy this library refuses; or if
         the loss scale was created outside the current strategy's scope.
     """
-    guards.check_new_wrapper(opt, guards.V1_FORM, loss_scale)
+    guards.check_new_wrapper(opt, guards.V1_FORM, self, loss_scale)
     if loss_scale is None:
       raise ValueError(
           "loss_scale cannot be None: pass 'dynamic', a number or a LossScale.")

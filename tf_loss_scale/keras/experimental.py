@@ -169,7 +169,8 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
         wrapped, `loss_scale` is None or not one of the above, or under an
         unsupported strategy.
     """
-    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, loss_scale)
+    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, self,
+                             loss_scale)
     self._check_inner_optimizer(optimizer)
     scale = loss_scale_from(loss_scale)
     # The wrapper's only state; set past Keras's attribute tracking, which

@@ -147,7 +147,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         an out of range number, an inner optimizer that is a loss scale
         optimizer or is already wrapped; or under an unsupported strategy.
     """
-    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM)
+    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM, self)
     keras3_support.check_replicas_are_summed(f'{type(self).__name__}()')
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
     # Base optimizer arguments: refused on every Keras release.
