@@ -1,7 +1,16 @@
-"""Checkpoint behaviour shared by the optimizer wrappers."""
+"""Every private TensorFlow and Keras name the library relies on, and why.
 
+The rest of the library reaches TensorFlow and Keras through their public
+APIs, and through this module where no public API does the job: each hook
+names what it touches and why, so that a release that changes one is fixed
+here. Most are TensorFlow's checkpoint hooks, shared by the optimizer
+wrappers.
+"""
+
+import contextlib
+import inspect
 import re
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import tensorflow as tf
 
@@ -132,3 +141,55 @@ class ForwardsLegacySlotRestoration:
     # Keras 2 creates a legacy optimizer's slots this way before it loads
     # optimizer weights from an HDF5 file or a SavedModel.
     self.inner_optimizer._create_all_weights(var_list)  # pylint: disable=protected-access
+
+
+def enclosing_xla_context() -> Any:
+  """The XLA context ops are being added to, or None outside one.
+
+  Hook: `tf.__internal__.get_enclosing_xla_context()`, the function
+  TensorFlow exports for Keras to ask exactly this; no public API tells.
+  Why: `tf_loss_scale.execution.in_xla_computation`. A TensorFlow without
+  it gets None.
+  """
+  internal = getattr(tf, '__internal__', None)
+  enclosing = getattr(internal, 'get_enclosing_xla_context', None)
+  return None if enclosing is None else enclosing()
+
+
+@contextlib.contextmanager
+def slots_created(optimizer: Any,
+                  record: Callable[[Any, str, Any], None]) -> Iterator[None]:
+  """Calls `record(variable, slot_name, slot)` for each slot made inside.
+
+  Hook: an attribute in `optimizer.__dict__`, shadowing its class's public
+  `add_variable_from_reference` (through which Keras 3 and Keras 2's new
+  optimizers make every slot) for the `with` block only. Why: neither Keras
+  says which model variable a slot belongs to except in private lists
+  indexed by private methods, and rebuilding a slot's name from its
+  variable's finds another variable's slot when two share a name.
+
+  Args:
+    optimizer: A Keras 3 or Keras 2 new optimizer.
+    record: Called with the model variable, the slot's name and the slot.
+
+  Yields:
+    Nothing; on exit `optimizer` is as it was.
+  """
+  create = optimizer.add_variable_from_reference
+  signature = inspect.signature(create)
+  # The model variable and the slot's name are the first two arguments
+  # (their names differ between Keras 2 and Keras 3).
+  reference_arg, name_arg = list(signature.parameters)[:2]
+
+  def create_and_record(*args, **kwargs):
+    slot = create(*args, **kwargs)
+    given = signature.bind(*args, **kwargs).arguments
+    record(given[reference_arg], given.get(name_arg), slot)
+    return slot
+
+  # Set and removed past Keras's attribute tracking.
+  optimizer.__dict__['add_variable_from_reference'] = create_and_record
+  try:
+    yield
+  finally:
+    del optimizer.__dict__['add_variable_from_reference']
