@@ -40,11 +40,9 @@ def in_xla_computation() -> bool:
   True while a `tf.function(jit_compile=True)` (or a function it calls) is
   traced, which is how Keras compiles `model.fit`'s step with XLA.
 
-  Why: a step's skip report must be read from the gradients differently
-  under XLA to stay free on finite steps (see
-  `tf_loss_scale.step_record.StepRecord.skip_reporter`). Told by a private
-  hook (`private_api.enclosing_xla_context`): a TensorFlow without it gets
-  False, and the report stays correct, only slower under XLA.
+  Why: the skip report is read differently under XLA to stay free on
+  finite steps (`step_record.StepRecord.skip_reporter`); without the hook
+  it stays correct, only slower under XLA.
   """
   return private_api.enclosing_xla_context() is not None
 

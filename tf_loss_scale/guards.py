@@ -11,13 +11,11 @@ refused call changes nothing. The rules:
   `EXPERIMENTAL_FORM`) and, given another, names the form that takes it.
 - A loss scale optimizer is never wrapped (this library's or a peer's:
   Keras's, tf_keras's, TensorFlow's v1), nor an optimizer that a live one
-  of ours already holds: it would take two steps per training step, driven
-  by two loss scales. A wrapper marks the optimizer it wraps with a weak
-  reference to itself, so the check reads one attribute. Not caught: an
-  optimizer that a peer's wrapper holds (the peers leave no mark this
-  library may read). A copy of a wrapped optimizer is not held. A dropped
-  wrapper holds its optimizer until it is freed: at once, unless it is in
-  a reference cycle, then until the garbage collector runs.
+  of ours holds (marked with a weak reference to it): two steps per
+  training step, driven by two loss scales. Not caught: an optimizer a
+  peer's wrapper holds (they leave no public mark). A dropped wrapper holds
+  its optimizer until it is freed (in a reference cycle, until the garbage
+  collector runs).
 - Loss scaling runs under no strategy, `MirroredStrategy`,
   `MultiWorkerMirroredStrategy` or `OneDeviceStrategy`: not under
   `CentralStorageStrategy` or `ParameterServerStrategy` (a replica holds no
@@ -78,8 +76,7 @@ EXPERIMENTAL_FORM = Form(
     '(tf.keras.optimizers.* on TensorFlow 2.12-2.15, tf_keras.optimizers.*, '
     'and their optimizers.legacy.*: the OptimizerV2 that TF 2.3 wrapped)')
 
-# The attribute a wrapper sets on the optimizer it wraps: a weak reference to
-# itself, so that the optimizer does not keep its wrapper alive.
+# Set by a wrapper on what it wraps: a weak reference, not to keep it alive.
 _HOLDER = '_tf_loss_scale_wrapper'
 
 # Where to go with an optimizer of each family, most specific first.
@@ -129,8 +126,8 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
     raise ValueError(
         f'"{form.argument}" is already wrapped by a LossScaleOptimizer. An '
         'optimizer can only be wrapped by a single LossScaleOptimizer: '
-        f'{_describe(holder)} holds {_describe(optimizer)}. Keep using that '
-        f'wrapper, or create a new optimizer for this one.')
+        f'a {type(holder).__name__} holds it. Keep using that wrapper, or '
+        'create a new optimizer for this one.')
   check_step(f'{form.name}()', [loss_scale, optimizer])
   setattr(optimizer, _HOLDER, weakref.ref(wrapper))
 
@@ -216,15 +213,6 @@ def _raise_wrong_family(optimizer: Any, form: Form) -> None:
       f'"{form.argument}" must be {needed}, but got: {optimizer}. '
       f'{form.name} wraps {form.accepted}; got an object of type '
       f'{type(optimizer).__name__}. {hint}'.strip())
-
-
-def _describe(obj: Any) -> str:
-  name = getattr(obj, 'name', None)
-  if callable(name) or name is None:
-    getter = getattr(obj, 'get_name', None)
-    name = getter() if callable(getter) else None
-  kind = f'{type(obj).__module__}.{type(obj).__qualname__}'
-  return f'{kind} {name!r}' if isinstance(name, str) else kind
 
 
 def _keras_namespaces() -> list:

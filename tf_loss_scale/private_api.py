@@ -1,10 +1,6 @@
-"""Every private TensorFlow and Keras name the library relies on, and why.
+"""Every private TensorFlow and Keras name the library uses, each with why.
 
-The rest of the library reaches TensorFlow and Keras through their public
-APIs, and through this module where no public API does the job: each hook
-names what it touches and why, so that a release that changes one is fixed
-here. Most are TensorFlow's checkpoint hooks, shared by the optimizer
-wrappers.
+The rest of the library calls these where no public API does the job.
 """
 
 import contextlib
@@ -144,12 +140,11 @@ class ForwardsLegacySlotRestoration:
 
 
 def enclosing_xla_context() -> Any:
-  """The XLA context ops are being added to, or None outside one.
+  """The XLA context ops are being added to; None outside one.
 
-  Hook: `tf.__internal__.get_enclosing_xla_context()`, the function
-  TensorFlow exports for Keras to ask exactly this; no public API tells.
-  Why: `tf_loss_scale.execution.in_xla_computation`. A TensorFlow without
-  it gets None.
+  Hook: `tf.__internal__.get_enclosing_xla_context()`, which TensorFlow
+  exports for Keras; no public API tells. Why: see
+  `execution.in_xla_computation`. None on a TensorFlow without it.
   """
   internal = getattr(tf, '__internal__', None)
   enclosing = getattr(internal, 'get_enclosing_xla_context', None)
@@ -161,12 +156,10 @@ def slots_created(optimizer: Any,
                   record: Callable[[Any, str, Any], None]) -> Iterator[None]:
   """Calls `record(variable, slot_name, slot)` for each slot made inside.
 
-  Hook: an attribute in `optimizer.__dict__`, shadowing its class's public
-  `add_variable_from_reference` (through which Keras 3 and Keras 2's new
-  optimizers make every slot) for the `with` block only. Why: neither Keras
-  says which model variable a slot belongs to except in private lists
-  indexed by private methods, and rebuilding a slot's name from its
-  variable's finds another variable's slot when two share a name.
+  Hook: an entry in `optimizer.__dict__` that shadows the public
+  `add_variable_from_reference` (which makes every slot) in the block. Why:
+  neither Keras tells a slot's model variable but in private lists, and a
+  slot name rebuilt from the variable's finds another's when two share it.
 
   Args:
     optimizer: A Keras 3 or Keras 2 new optimizer.
