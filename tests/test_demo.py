@@ -469,7 +469,7 @@ def test_help_shows_powers_of_two(capsys):
     cli.main(['demo', '--help'])
   help_text = ' '.join(capsys.readouterr().out.split())
   assert 'classifier (default: 2**-18)' in help_text, help_text
-  assert 'dynamic loss scale (default: 2**15)' in help_text, help_text
+  assert 'dynamic loss scale (default: 2**40)' in help_text, help_text
   assert '(default: 0.1)' in help_text, help_text
   assert '3.814697265625e-06' not in help_text
 
