@@ -1,6 +1,6 @@
 """The private hooks the experimental form's checkpoints need, pinned.
 
-`tf_loss_scale/checkpointing.py` answers TensorFlow's and Keras 2's
+`tf_loss_scale/private_api.py` answers TensorFlow's and Keras 2's
 underscore hooks so that the experimental form keeps TF 2.3's checkpoint
 layout. If a TensorFlow or Keras release stops calling one of them, these
 tests fail naming it, before checkpoints silently stop interchanging.
@@ -16,7 +16,7 @@ import tensorflow as tf
 import keras_families
 from keras_families import value
 import tf_loss_scale
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale.keras import experimental
 
 FAMILIES = ['keras3', 'keras2_legacy', 'keras2']
@@ -52,10 +52,10 @@ def calls(monkeypatch):
 
   for name in ('_trackable_children', '_lookup_dependency',
                '_deferred_dependencies'):
-    count(checkpointing.DelegatesCheckpointToInner, name)
+    count(private_api.DelegatesCheckpointToInner, name)
   for name in ('_create_or_restore_slot_variable', '_create_all_weights'):
-    count(checkpointing.ForwardsLegacySlotRestoration, name)
-  count(checkpointing.HidesForwardedSlots, '__dir__')
+    count(private_api.ForwardsLegacySlotRestoration, name)
+  count(private_api.HidesForwardedSlots, '__dir__')
   return counts
 
 

@@ -39,7 +39,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import step_record
@@ -280,7 +280,7 @@ class FixedLossScale(LossScale):
     return {'loss_scale_value': self._loss_scale_value}
 
 
-class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
+class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
   """A loss scale that shrinks on overflow and grows while gradients are finite.
 
   The scale starts at `initial_loss_scale`. A step with any non-finite

@@ -35,7 +35,7 @@ from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Optional,
 
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
@@ -101,7 +101,7 @@ def forwarded_names(inner_optimizer: Any,
   return hyperparameters | _TF23_FORWARDED | frozenset(inner_methods)
 
 
-class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
+class LossScaleOptimizer(private_api.DelegatesCheckpointToInner):
   """Loss scaling with TF 2.3's API, around any Keras optimizer.
 
   Custom loop (as in TF 2.3):
@@ -169,7 +169,8 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
         wrapped, `loss_scale` is None or not one of the above, or under an
         unsupported strategy.
     """
-    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, loss_scale)
+    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, self,
+                             loss_scale)
     self._check_inner_optimizer(optimizer)
     scale = loss_scale_from(loss_scale)
     # The wrapper's only state; set past Keras's attribute tracking, which

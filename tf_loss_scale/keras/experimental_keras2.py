@@ -18,7 +18,7 @@ every optimizer that is not one); none of their code runs on the wrapper.
 Every public member of those classes is defined here or in `experimental`,
 or forwarded to the inner optimizer (the rule in `experimental`).
 
-Checkpoints follow TF 2.3 (`checkpointing.DelegatesCheckpointToInner`), so
+Checkpoints follow TF 2.3 (`private_api.DelegatesCheckpointToInner`), so
 they also move to and from Keras 2's own `LossScaleOptimizer` around legacy
 optimizers, which kept TF 2.3's layout.
 """
@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale.keras import experimental
 from tf_loss_scale.keras import families
@@ -101,7 +101,7 @@ class _Keras2(experimental.LossScaleOptimizer):
     return self.loss_scale.good_steps if self.dynamic else None
 
 
-class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
+class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
   """Loss scaling around a Keras 2 legacy optimizer (TF 2.3's contract).
 
   `apply_gradients` takes unscaled gradients; `minimize` and
@@ -196,7 +196,7 @@ class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
     self.inner_optimizer.set_weights(weights)
 
 
-class _New(slots.SlotsByVariable, checkpointing.HidesForwardedSlots, _Keras2):
+class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
   """Loss scaling around a Keras 2 new optimizer.
 
   The same contract as the legacy class, with the methods these optimizers

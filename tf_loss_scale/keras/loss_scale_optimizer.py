@@ -147,7 +147,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         an out of range number, an inner optimizer that is a loss scale
         optimizer or is already wrapped; or under an unsupported strategy.
     """
-    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM)
+    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM, self)
     keras3_support.check_replicas_are_summed(f'{type(self).__name__}()')
     _check_scale_arguments(initial_scale, dynamic_growth_steps)
     # Base optimizer arguments: refused on every Keras release.
@@ -180,7 +180,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     # The skip report's flags, one per variable, made now so that they are
     # not created while Keras traces its train function.
     self._monitor.create(step_record.gradient_names(var_list))
-    self._scratch.remember_layout(self.inner_optimizer)
+    self._scratch.remember_build(self.inner_optimizer, var_list)
 
   @property
   def skipped_steps(self) -> tf.Tensor:
@@ -246,7 +246,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       with keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
     guards.check_step(where, [self.dynamic_scale, self.step_counter])
-    variables = list(trainable_variables or self._trainable_variables)
+    variables = list(trainable_variables or self._scratch.built_with)
     grads = list(grads)
     step.apply_step(
         grads, _KerasScale(self),
@@ -294,7 +294,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
           '(Keras\'s optimizers cannot run statelessly there); use apply() '
           'inside strategy.run.')
     variables = self.variables
-    model_variables = list(self._trainable_variables)
+    model_variables = self._scratch.built_with
     if len(optimizer_variables) != len(variables):
       raise ValueError(
           'Argument `optimizer_variables` must be a list of tensors '
@@ -395,9 +395,10 @@ class _KerasScale(step.ScaleState):
 
 
 class _Scratch:
-  """Copies of an inner optimizer on scratch variables, for stateless steps.
+  """What the optimizer was built with, and copies of it for stateless steps.
 
-  Keras's TensorFlow optimizers can only update real variables, so a
+  `built_with` holds the model variables of `build` (Keras keeps them only
+  in a private list). Keras's TensorFlow optimizers can only update real variables, so a
   stateless step loads the given values into variables of its own, lets a
   copy of the inner optimizer update them, and reads them back. A copy is
   remade whenever the inner optimizer's settings (its config) differ from
@@ -410,9 +411,12 @@ class _Scratch:
   def __init__(self):
     self._layout = None
     self._copy = None
+    self.built_with = []
 
-  def remember_layout(self, inner: keras.optimizers.Optimizer) -> None:
-    """Records the config that decided `inner`'s variables (at its build)."""
+  def remember_build(self, inner: keras.optimizers.Optimizer,
+                     var_list: Sequence[Any]) -> None:
+    """Records `build`'s model variables and `inner`'s config at its build."""
+    self.built_with = list(var_list)
     with tf.init_scope():  # The config reads variables' values.
       self._layout = inner.get_config()
 
