@@ -16,11 +16,14 @@ from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale.keras import experimental
 
 _keras = tf.keras
+# Keras 3.3's layers take only its float (and quantized) policy class.
+_KerasPolicy = getattr(getattr(_keras, 'dtype_policies', None),
+                       'FloatDTypePolicy', _keras.mixed_precision.Policy)
 
 
 # Registered, so that layer configs holding one load it back.
 @_keras.utils.register_keras_serializable('tf_loss_scale')
-class Policy(_keras.mixed_precision.Policy):
+class Policy(_KerasPolicy):
   """A Keras dtype policy (layers take it) carrying TF 2.3's `loss_scale`."""
 
   def __init__(self, name: str, loss_scale: Any = 'auto'):
