@@ -193,7 +193,8 @@ def test_a_saved_model_of_a_training_function_loads_and_trains(form, tmp_path):
     # The monitoring record is in the SavedModel but not in checkpoints.
     keys = {}
     for name in ('keras', form):
-      path = tf.train.Checkpoint(optimizer=_keras3_trainer(name).opt).write(
+      trainer = _keras3_trainer(name)
+      path = tf.train.Checkpoint(var=trainer.var, optimizer=trainer.opt).write(
           str(tmp_path / 'ckpt' / name))
       keys[name] = {key for key, _ in tf.train.list_variables(path)}
     assert keys[form] == keys['keras']
