@@ -336,7 +336,7 @@ class LossScaleOptimizer(private_api.DelegatesCheckpointToInner):
 
   def _apply_step(self, grads: Sequence[Any],
                   apply_inner: Callable[[List[Any]], Any],
-                  inner_sums: bool,
+                  inner_sums: bool = False, summed: bool = False,
                   variables: Optional[Sequence[Any]] = None
                  ) -> Optional[tf.Operation]:
     """Runs the step on unscaled gradients (`step.apply_step`).
@@ -350,6 +350,8 @@ class LossScaleOptimizer(private_api.DelegatesCheckpointToInner):
       inner_sums: Whether `apply_inner` sums the gradients across replicas
         itself; otherwise the step sums them once, decides on the sums and
         hands them to `apply_inner`, which must not sum them again.
+      summed: Whether `grads` are sums the caller made: the step decides on
+        them as they are and `apply_inner` applies them, summing nothing.
       variables: The gradients' variables, to name them in a skip report;
         by default they are named by position.
 
@@ -367,7 +369,8 @@ class LossScaleOptimizer(private_api.DelegatesCheckpointToInner):
     distribute.require_replica_context(where)
     outcome = step.apply_step(
         grads, step.LossScaleState(self._loss_scale), apply_inner,
-        reduces=inner_sums, on_skip=lambda _: self._on_skipped_step(),
+        reduces=inner_sums, summed=summed,
+        on_skip=lambda _: self._on_skipped_step(),
         names=(None if variables is None else
                step_record.gradient_names(variables)))
     # Eagerly the step has run; in a tf.function its ops run in program

@@ -123,7 +123,8 @@ class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
         unscaled (see `get_unscaled_gradients`).
       name: Passed to the inner optimizer.
       experimental_aggregate_gradients: Whether to sum the gradients across
-        replicas (once; the verdict is taken on the sums).
+        replicas (once; the verdict is taken on the sums); False when they
+        are sums already, on which the verdict is taken as they are.
 
     Returns:
       In a TF1 graph, the op that runs the step; None otherwise.
@@ -135,7 +136,7 @@ class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
         lambda grads: self.inner_optimizer.apply_gradients(
             list(zip(grads, variables)), name=name,
             experimental_aggregate_gradients=False),
-        inner_sums=not experimental_aggregate_gradients, variables=variables)
+        summed=not experimental_aggregate_gradients, variables=variables)
 
   def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
     """Gradients of `loss`, computed on the scaled loss and unscaled (graphs).
@@ -222,8 +223,9 @@ class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
         unscaled (see `get_unscaled_gradients`).
       name: Passed to the inner optimizer.
       skip_gradients_aggregation: Whether the gradients are already summed
-        across replicas (otherwise they are summed once and the verdict is
-        taken on the sums).
+        across replicas (the verdict is then taken on them as they are;
+        otherwise they are summed once and the verdict is taken on the
+        sums).
       **kwargs: Passed to the inner optimizer.
 
     Returns:
@@ -240,7 +242,7 @@ class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
         lambda grads: self.inner_optimizer.apply_gradients(
             list(zip(grads, variables)), name=name,
             skip_gradients_aggregation=True, **kwargs),
-        inner_sums=skip_gradients_aggregation, variables=variables)
+        summed=skip_gradients_aggregation, variables=variables)
 
   def compute_gradients(self, loss: Any, var_list: Any,
                         tape: Optional[tf.GradientTape] = None

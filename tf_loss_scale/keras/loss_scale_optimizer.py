@@ -24,6 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_loss_scale import checkpointing
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
@@ -85,7 +86,8 @@ def _without_base_optimizer_defaults(
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale', name='LossScaleOptimizer')
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(checkpointing.SavedModelOnlyChildren,
+                         keras.optimizers.LossScaleOptimizer):
   """Dynamic loss scaling around a Keras 3 optimizer, as in Keras 3.
 
   A drop-in for `keras.optimizers.LossScaleOptimizer`: same arguments,
@@ -181,6 +183,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     # not created while Keras traces its train function.
     self._monitor.create(step_record.gradient_names(var_list))
     self._scratch.remember_build(self.inner_optimizer, var_list)
+
+  def _saved_model_only_children(self) -> Dict[str, Any]:
+    # A traced `apply` captures the record, which checkpoints leave out.
+    return self._monitor.variables()
 
   @property
   def skipped_steps(self) -> tf.Tensor:
