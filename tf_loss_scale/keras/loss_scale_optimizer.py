@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
@@ -86,7 +86,7 @@ def _without_base_optimizer_defaults(
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale', name='LossScaleOptimizer')
-class LossScaleOptimizer(checkpointing.SavedModelOnlyChildren,
+class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
                          keras.optimizers.LossScaleOptimizer):
   """Dynamic loss scaling around a Keras 3 optimizer, as in Keras 3.
 
