@@ -24,13 +24,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
 from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
+from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale import step_record
 # First: refuses an unsupported Keras before anything subclasses Keras 3's.
