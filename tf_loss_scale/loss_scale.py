@@ -814,8 +814,9 @@ def check_scale_arguments(
     initial_scale: The (first) scale: finite, positive, within float32's
       range, and at least `floor` if given.
     growth_steps: Finite steps in a row after which the scale grows, an
-      integer from 1 to 2**63 - 1 (the counter is int64); None if fixed.
-    names: The arguments' names in the caller's signature, for messages.
+      integer from 1 to 2**63 - 1 (the counter is int64).
+    names: The arguments' names in the caller's signature, for messages;
+      one name only to check `initial_scale` alone.
     floor: The lowest first scale to accept. A scale that starts below the
       rule's floor jumps to it at the first overflow, as TensorFlow's and
       tf_keras's do; a front end whose peer halves it instead refuses it.
@@ -833,8 +834,7 @@ def check_scale_arguments(
     raise ValueError(
         f'{names[0]} must be a finite {at_least} that fits in float32, but '
         f'got {names[0]}={initial_scale!r}.')
-  return initial, (None if growth_steps is None else
-                   _count(names[1], growth_steps))
+  return initial, (_count(names[1], growth_steps) if len(names) > 1 else None)
 
 
 def _real_number(name: str, value: Any) -> float:
