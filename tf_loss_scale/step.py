@@ -247,7 +247,8 @@ def apply_step(grads: Sequence[Any],
       context, on every replica, only when the step is applied.
     scaled: None when `grads` are already unscaled; otherwise one bool per
       gradient, True where it is a gradient of the scaled loss (False, for
-      example, for Keras variables overwritten with their gradient).
+      example, for Keras variables overwritten with their gradient), divided
+      as Keras 3 divides them (half precision ones become float32).
     reduces: Whether `apply_fn` all-reduces the gradients itself (see the
       module docstring).
     summed: Whether `grads` are already the sums across replicas, made by
@@ -349,7 +350,7 @@ def verdict(grads: List[Any], summed: bool,
 
 def unscale_where(grads: List[Any], scaled: Sequence[bool],
                   scale: tf.Tensor) -> List[Any]:
-  """Divides by `scale` the gradients marked as gradients of a scaled loss.
+  """Divides by `scale`, as Keras 3 does, the gradients of a scaled loss.
 
   Args:
     grads: A list of gradients (`None` allowed).
@@ -368,7 +369,7 @@ def unscale_where(grads: List[Any], scaled: Sequence[bool],
         f'Got {len(grads)} gradients but {len(scaled)} scaled flags: pass one '
         'flag per gradient.')
   unscaled = gradients.unscale(
-      [g if s else None for g, s in zip(grads, scaled)], scale)
+      [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
   return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
 
 

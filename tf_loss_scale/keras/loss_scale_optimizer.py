@@ -16,7 +16,6 @@ optimizer's `loss_scale_factor` is cleared on every release, as Keras does
 from 3.12 and 3.10 on.
 """
 
-import math
 import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -96,16 +95,18 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   `.keras` files, weights, state trees and checkpoints move between the two
   classes in both directions.
 
-  Each `apply` unscales the gradients of the scaled loss, decides whether
-  the gradients that will be applied (under a strategy, their sums across
+  Each `apply` divides the gradients of the scaled loss by the scale, as
+  Keras's class does (float16 ones become float32), decides whether the
+  gradients that will be applied (under a strategy, their sums across
   replicas) are all finite, advances the scale and lets the inner optimizer
   apply them, or skips the step on every replica. A skipped step changes no
   model or inner optimizer variable (`iterations` does not count it) and
   halves the scale; `dynamic_growth_steps` finite steps in a row double it.
-  Where it differs from Keras's class, deliberately: the scale never falls
-  below 1 nor grows to inf, and under a strategy a step is skipped when the
-  gradients of any replica, or their sum, are not finite (Keras's class
-  trusts the first replica's gradients before the sum).
+  Unlike Keras's class: the scale never starts or falls below 1, nor grows
+  to inf, and under a strategy a step is skipped when the gradients of any
+  replica, or their sum, are not finite (Keras's trusts the first
+  replica's before the sum) or, while the scale is below twice the number
+  of replicas, could add up past their dtype's largest value.
 
   Custom loop:
 
@@ -133,8 +134,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     Args:
       inner_optimizer: The Keras 3 optimizer that applies the gradients. Its
         `loss_scale_factor` is set to None, as Keras's class does.
-      initial_scale: The first loss scale, a finite positive number. High is
-        cheap: a too-high scale costs a few skipped steps.
+      initial_scale: The first loss scale, a finite number of at least 1.
+        High is cheap: a too-high scale costs a few skipped steps.
       dynamic_growth_steps: Finite steps in a row after which the scale
         doubles, an integer of at least 1.
       name: The optimizer's name.
@@ -151,7 +152,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     """
     guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM, self)
     keras3_support.check_replicas_are_summed(f'{type(self).__name__}()')
-    _check_scale_arguments(initial_scale, dynamic_growth_steps)
+    loss_scale_lib.check_scale_arguments(
+        initial_scale, dynamic_growth_steps, floor=1.0)
     # Base optimizer arguments: refused on every Keras release.
     kwargs = _without_base_optimizer_defaults(type(self).__name__, kwargs)
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
@@ -519,23 +521,3 @@ def _scaled_flags(grads: List[Any], variables: List[Any]) -> List[bool]:
 
 def _index_of(variables: List[Any], wanted: Any) -> int:
   return next(i for i, v in enumerate(variables) if v is wanted)
-
-
-def _check_scale_arguments(initial_scale: Any,
-                           dynamic_growth_steps: Any) -> None:
-  for name, value in (('initial_scale', initial_scale),
-                      ('dynamic_growth_steps', dynamic_growth_steps)):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-      raise TypeError(
-          f'{name} must be a number, but got {value!r} of type '
-          f'{type(value).__name__}.')
-  if not (math.isfinite(initial_scale) and
-          0 < initial_scale <= float(tf.float32.max)):
-    raise ValueError(
-        'initial_scale must be a finite positive number that fits in '
-        f'float32, but got initial_scale={initial_scale!r}.')
-  if not (float(dynamic_growth_steps).is_integer() and
-          dynamic_growth_steps >= 1):
-    raise ValueError(
-        'dynamic_growth_steps must be an integer of at least 1, but got '
-        f'dynamic_growth_steps={dynamic_growth_steps!r}.')
