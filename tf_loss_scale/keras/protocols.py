@@ -101,17 +101,11 @@ class TwoProtocols:
     return gradients.scale_loss(loss, self._current_scale())
 
   def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:
-    """Multiplies a loss by the current loss scale.
+    """Multiplies a loss (tensor or callable) by the current loss scale.
 
     TensorFlow's protocol: differentiate the result, pass the gradients
-    through `get_unscaled_gradients`, then to `apply_gradients`.
-
-    Args:
-      loss: A loss tensor (the scale is cast to its dtype), or a
-        zero-argument callable returning one.
-
-    Returns:
-      The scaled loss, or for a callable a callable returning it.
+    through `get_unscaled_gradients`, then to `apply_gradients`. Takes and
+    returns what `scale_loss` does.
 
     Raises:
       RuntimeError: If `scale_loss` was called on this optimizer.
