@@ -210,7 +210,7 @@ class _FixedScale(step.ScaleState):
     return self._scale
 
   def decide(self, grads: Any, all_finite: Any) -> step.Decision:
-    return step.Decision(tf.constant(True))
+    return step.Decision(True)
 
   def advance(self, verdict: Any, after: Any) -> Any:
     return self._values  # Stateless: the values given, unchanged.
