@@ -255,7 +255,8 @@ def apply_on_every_replica_if(
     applied = apply_everywhere()
     if tf.executing_eagerly():
       return True
-    with tf.control_dependencies([applied]):
+    # `group` gives None when `apply_fn` returned nothing to group.
+    with tf.control_dependencies([] if applied is None else [applied]):
       return tf.constant(True)
   if execution.in_tf1_graph():
     return execution.one_side_runs(should_apply, apply_everywhere, on_skip)

@@ -62,8 +62,8 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
     super().__init__(use_locking=False, name=opt.get_name())
     self._optimizer = opt
     self._loss_scale = loss_scale_lib.get(loss_scale)
-    private_api.name_v1_dependencies(self, base_optimizer=self._optimizer,
-                                     loss_scale=self._loss_scale)
+    private_api.name_dependencies(self, base_optimizer=self._optimizer,
+                                  loss_scale=self._loss_scale)
 
   @property
   def loss_scale(self) -> loss_scale_lib.LossScale:
