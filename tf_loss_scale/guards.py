@@ -236,8 +236,11 @@ def _loss_scale_optimizer_types() -> tuple:
       getattr(tf.compat.v1.mixed_precision,
               'MixedPrecisionLossScaleOptimizer', None),
       getattr(ours, 'MixedPrecisionLossScaleOptimizer', None),
-  ] + [getattr(getattr(keras, 'mixed_precision', None), 'LossScaleOptimizer',
-               None) for keras in _keras_namespaces()]
+  ] + [getattr(getattr(keras, namespace, None), 'LossScaleOptimizer', None)
+       for keras in _keras_namespaces()
+       # Keras 3's own class is under `optimizers` too, which install()
+       # leaves alone when it maps `mixed_precision`'s name to TF 2.4's.
+       for namespace in ('mixed_precision', 'optimizers')]
   return tuple(t for t in candidates if isinstance(t, type))
 
 
