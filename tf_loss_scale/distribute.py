@@ -1,9 +1,11 @@
 """Where `tf.distribute` meets loss scaling.
 
-The only module that knows about strategies, replica contexts and merge_call.
-Its promise: every replica, and every worker, reaches the same verdict on
+The only module that knows about strategies, replica contexts and merge_call
+(`call_for_each_replica`, `experimental_local_results`, reductions). Its
+promise: every replica, and every worker, reaches the same verdict on
 whether a step's gradients are finite, so all of them skip or apply together
-and their loss scales never drift apart.
+and their loss scales never drift apart. `read` is where a step's gradients
+are read, once, for that verdict and for the skip report alike.
 """
 
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
