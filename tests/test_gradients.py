@@ -250,20 +250,35 @@ def test_read_refuses_a_non_float_gradient():
     gradients.read([tf.constant([1, 2])])
 
 
-def test_read_in_a_tf1_graph_reads_each_gradient_by_one_kernel():
-  # No branch, and one DebugNumericSummaryV2 per float16/32/64 gradient, its
-  # only reader: no temporary the size of a gradient (such as IsNan's).
-  with tf.Graph().as_default() as graph:
-    grads = [tf.compat.v1.placeholder(tf.float32, [None]) for _ in range(4)]
-    grads.append(tf.compat.v1.placeholder(tf.float16, [3, 2]))
-    before = {op.name for op in graph.get_operations()}
-    gradients.read(grads)
-    added = [op.type for op in graph.get_operations() if op.name not in before]
-  assert not {'If', 'StatelessIf', 'Switch', 'Merge'} & set(added), added
+def _summaries_run(feed_rows):
+  # Reads float32 gradients of shape [2] in a TF1 session, traced: the
+  # table, and how many DebugNumericSummaryV2 kernels ran.
+  with tf.Graph().as_default() as graph, tf.compat.v1.Session() as session:
+    grads = [tf.compat.v1.placeholder(tf.float32, [2]) for _ in feed_rows]
+    table = gradients.read(grads)
+    added = [op.type for op in graph.get_operations()]
+    metadata = tf.compat.v1.RunMetadata()
+    value = session.run(table, dict(zip(grads, feed_rows)),
+                        options=tf.compat.v1.RunOptions(
+                            trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                        run_metadata=metadata)
+  assert not {'If', 'StatelessIf'} & set(added), added
   for grad in grads:
-    assert [op.type for op in grad.consumers()] == ['DebugNumericSummaryV2']
-  # Besides the summaries: one stack and one product, with its operand.
-  assert len(added) <= 5 + 3, added
+    assert [op.type for op in grad.consumers()] == [
+        'DebugNumericSummaryV2'] * 2
+  ran = [node.timeline_label for device in metadata.step_stats.dev_stats
+         for node in device.node_stats]
+  return value.tolist(), sum(' = DebugNumericSummaryV2(' in label
+                             for label in ran)
+
+
+def test_read_in_a_tf1_graph_reads_each_gradient_once_unless_one_is_flagged():
+  # One kernel per gradient, its only reader on most steps: no temporary
+  # the size of a gradient (such as IsNan's). Where one is flagged, each is
+  # read again for its counts.
+  assert _summaries_run([[1.0, 2.0]] * 3) == ([[0.0, 0.0]] * 3, 3)
+  assert _summaries_run([[1.0, 2.0], [NAN, INF], [-INF, 1.0]]) == (
+      [[0.0, 0.0], [1.0, 1.0], [0.0, 1.0]], 6)
 
 
 def _kernels_run(magnitudes_needed):

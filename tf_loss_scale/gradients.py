@@ -80,14 +80,20 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
   The one reading of a step's gradients: its verdict, the bound on sums
   across replicas and its skip report are all taken from this table (see
   `tf_loss_scale.distribute.read`). How a gradient is read depends on where:
-  - In a computation XLA compiles (`execution.in_xla_computation`), by
-    `is_nan` and `is_inf` reductions, which XLA fuses into one pass over
-    the gradient with the ops that produce it.
+  - In a computation XLA compiles (`execution.in_xla_computation`), in one
+    pass that XLA fuses with the ops that produce the gradient: each value
+    gets a code (64 for a NaN, 1 for an inf, else 0) and the codes are
+    summed over windows of 32 values, a row reduction that XLA:CPU spreads
+    over its threads where a whole reduction runs on one.
   - Elsewhere (a TF1 graph, eagerly, a `tf.function`), where every op runs
     on its own, a float16/32/64 gradient is read by one
-    `DebugNumericSummaryV2` kernel, which counts its infs and NaNs in one
-    pass with no temporary the size of the gradient (bfloat16 ones, which
-    it has no GPU kernel for, as under XLA).
+    `DebugNumericSummaryV2` kernel in its CURT_HEALTH mode, the fastest
+    (one read, no temporary the size of the gradient), which tells only
+    whether it holds an inf or a NaN. On a step where some gradient does,
+    and only then (`execution.computed_unless`), each is read again, by
+    the same op in its CONCISE_HEALTH mode, for its counts of each. Other
+    dtypes (bfloat16, which the op has no GPU kernel for) are read as
+    under XLA.
 
   Args:
     grads: A gradient or a nested structure of gradients of floating point
@@ -100,8 +106,8 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
 
   Returns:
     A float64 matrix with a row per entry of `tf.nest.flatten(grads)`: how
-    many of its values are NaN, how many are inf of either sign (under XLA,
-    1 for some and 0 for none), and with `magnitudes` its largest `|value|`
+    many of its values are NaN, how many are inf of either sign (or 1 for
+    some and 0 for none, where read in windows), and with `magnitudes` its largest `|value|`
     (0 when empty or not read; NaN or inf when a value is).
 
   Raises:
@@ -121,15 +127,10 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
             if v is not None and i not in summarized]
   blocks = []
   if summarized:
-    health = tf.stack([tf.raw_ops.DebugNumericSummaryV2(
-        input=values[i], tensor_debug_mode=_CONCISE_HEALTH,
-        output_dtype=tf.float64) for i in summarized])
-    blocks.append(tf.matmul(health, tf.constant(_NAN_AND_INF, tf.float64)))
+    blocks.append(_counted([values[i] for i in summarized]))
   if tested:
-    blocks.append(tf.cast(tf.stack([
-        tf.stack([tf.reduce_any(tf.math.is_nan(values[i])),
-                  tf.reduce_any(tf.math.is_inf(values[i]))])
-        for i in tested]), tf.float64))
+    blocks.append(tf.cast(tf.stack([_kinds_in_one_pass(values[i])
+                                    for i in tested]), tf.float64))
   rows = summarized + tested
   if len(rows) < len(values):
     blocks.append(tf.zeros([1, 2], tf.float64))  # The row of a `None`.
@@ -169,13 +170,42 @@ def dense_values(grads: Any) -> List[tf.Tensor]:
   ]
 
 
-# DebugNumericSummaryV2's CONCISE_HEALTH mode (TensorDebugMode in
-# TensorFlow's debug_event.proto) returns [tensor id, element count, -inf
-# count, +inf count, NaN count]; this matrix maps that row to `read`'s two.
-_CONCISE_HEALTH = 3
+# DebugNumericSummaryV2's modes (TensorDebugMode in TensorFlow's
+# debug_event.proto): CURT_HEALTH returns [tensor id, 1.0 if any value is inf
+# or NaN]; CONCISE_HEALTH [tensor id, element count, -inf count, +inf count,
+# NaN count], which this matrix maps to `read`'s two columns.
+_CURT_HEALTH, _CONCISE_HEALTH = 2, 3
 _NAN_AND_INF = [[0, 0], [0, 0], [0, 1], [0, 1], [1, 0]]
 # The dtypes the op has CPU and GPU kernels for.
 _SUMMARIZED_DTYPES = (tf.float16, tf.float32, tf.float64)
+
+
+def _counted(values: List[tf.Tensor]) -> tf.Tensor:
+  # `read`'s two columns for `values`, outside XLA: zeros unless the first
+  # reading flags some.
+  flagged = tf.add_n([tf.raw_ops.DebugNumericSummaryV2(
+      input=v, tensor_debug_mode=_CURT_HEALTH, output_dtype=tf.float64)
+                      for v in values])[1]
+  return execution.computed_unless(
+      tf.equal(flagged, 0.0), lambda: tf.matmul(tf.stack([
+          tf.raw_ops.DebugNumericSummaryV2(
+              input=v, tensor_debug_mode=_CONCISE_HEALTH,
+              output_dtype=tf.float64) for v in values]),
+                                               tf.constant(_NAN_AND_INF,
+                                                           tf.float64)),
+      otherwise=tf.zeros([len(values), 2], tf.float64))
+
+
+def _kinds_in_one_pass(values: tf.Tensor) -> tf.Tensor:
+  # [holds a NaN, holds an inf] for `values`, read in windows of 32 values:
+  # a NaN's code is above the most infs a window can count.
+  flat = tf.reshape(values, [-1])
+  codes = tf.where(tf.math.is_nan(flat), 64,
+                   tf.where(tf.math.is_inf(flat), 1, 0))
+  codes = tf.pad(codes, [[0, tf.math.floormod(-tf.size(codes), 32)]])
+  sums = tf.reduce_sum(tf.reshape(codes, [-1, 32]), axis=1)
+  return tf.stack([tf.reduce_any(sums >= 64),
+                   tf.reduce_any(tf.bitwise.bitwise_and(sums, 63) > 0)])
 
 
 def _largest(values: List[Optional[tf.Tensor]],
