@@ -40,10 +40,9 @@ def in_xla_computation() -> bool:
 
   Hook: `tf.__internal__.get_enclosing_xla_context()`, the function
   TensorFlow exports for Keras to ask exactly this; no other API tells.
-  Why: a step's skip report must be read from the gradients differently
-  under XLA to stay free on finite steps (see
-  `tf_loss_scale.step_record.StepRecord.skip_reporter`). A TensorFlow
-  without it gets False: the report stays correct, only slower under XLA.
+  Why: XLA has no kernel for the op that reads gradients elsewhere, and
+  no gating of ops (see `tf_loss_scale.gradients.read`). Every supported
+  TensorFlow (2.12 on) has it; one without it gets False.
   """
   internal = getattr(tf, '__internal__', None)
   enclosing = getattr(internal, 'get_enclosing_xla_context', None)

@@ -141,8 +141,7 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
                               for i in range(len(values))])
   if magnitudes is False:
     return table
-  present = [v for v in values if v is not None]
-  largest = lambda: _largest(values, present)
+  largest = lambda: _largest(values)
   if isinstance(magnitudes, tf.Tensor) and not xla:
     largest = execution.computed_unless(
         tf.logical_not(magnitudes), largest,
@@ -208,22 +207,17 @@ def _kinds_in_one_pass(values: tf.Tensor) -> tf.Tensor:
                    tf.reduce_any(tf.bitwise.bitwise_and(sums, 63) > 0)])
 
 
-def _largest(values: List[Optional[tf.Tensor]],
-             present: List[tf.Tensor]) -> tf.Tensor:
+def _largest(values: List[Optional[tf.Tensor]]) -> tf.Tensor:
   # The largest |v| of each of `values` (0 for None), as float64, from its
   # largest and its smallest value: two reductions, with no temporary the
   # size of the gradient that `|v|` would write. An empty gradient's are
   # -inf and inf.
-  if not present:
-    return tf.zeros([len(values)], tf.float64)
-  extremes = tf.stack([
+  zeros = tf.zeros([2], tf.float64)
+  extremes = tf.stack([zeros] + [
+      zeros if v is None else
       tf.cast(tf.stack([tf.reduce_max(v), -tf.reduce_min(v)]), tf.float64)
-      for v in present])
-  largest = tf.maximum(tf.reduce_max(extremes, axis=1), 0.0)
-  if len(present) == len(values):
-    return largest
-  where = [i for i, v in enumerate(values) if v is not None]
-  return tf.scatter_nd([[i] for i in where], largest, [len(values)])
+      for v in values])
+  return tf.maximum(tf.reduce_max(extremes[1:], axis=1), 0.0)
 
 
 def _times(loss: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
