@@ -210,14 +210,21 @@ def _kinds_in_one_pass(values: tf.Tensor) -> tf.Tensor:
 def _largest(values: List[Optional[tf.Tensor]]) -> tf.Tensor:
   # The largest |v| of each of `values` (0 for None), as float64, from its
   # largest and its smallest value: two reductions, with no temporary the
-  # size of the gradient that `|v|` would write. An empty gradient's are
-  # -inf and inf.
-  zeros = tf.zeros([2], tf.float64)
-  extremes = tf.stack([zeros] + [
-      zeros if v is None else
-      tf.cast(tf.stack([tf.reduce_max(v), -tf.reduce_min(v)]), tf.float64)
-      for v in values])
-  return tf.maximum(tf.reduce_max(extremes[1:], axis=1), 0.0)
+  # size of the gradient that `|v|` would write, and a few ops per dtype.
+  # An empty gradient's are -inf and inf.
+  by_dtype = {}
+  for i, v in enumerate(values):
+    if v is not None:
+      by_dtype.setdefault(v.dtype, []).append(i)
+  parts = [tf.zeros([1], tf.float64)]  # The entry of a `None`.
+  for members in by_dtype.values():
+    largest = tf.maximum(tf.stack([tf.reduce_max(values[i]) for i in members]),
+                         -tf.stack([tf.reduce_min(values[i]) for i in members]))
+    parts.append(tf.cast(largest, tf.float64))
+  order = [i for members in by_dtype.values() for i in members]
+  return tf.maximum(tf.gather(tf.concat(parts, 0), [
+      order.index(i) + 1 if i in order else 0 for i in range(len(values))]),
+                    0.0)
 
 
 def _times(loss: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
