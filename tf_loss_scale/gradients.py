@@ -89,7 +89,8 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
     on its own, a float16/32/64 gradient is read by one
     `DebugNumericSummaryV2` kernel in its CURT_HEALTH mode, the fastest
     (one read, no temporary the size of the gradient), which tells only
-    whether it holds an inf or a NaN. On a step where some gradient does,
+    whether it holds an inf or a NaN (small ones of one shape are first
+    added up, and their sum is read). On a step where some gradient does,
     and only then (`execution.computed_unless`), each is read again, by
     the same op in its CONCISE_HEALTH mode, for its counts of each. Other
     dtypes (bfloat16, which the op has no GPU kernel for) are read as
@@ -177,14 +178,27 @@ _CURT_HEALTH, _CONCISE_HEALTH = 2, 3
 _NAN_AND_INF = [[0, 0], [0, 0], [0, 1], [0, 1], [1, 0]]
 # The dtypes the op has CPU and GPU kernels for.
 _SUMMARIZED_DTYPES = (tf.float16, tf.float32, tf.float64)
+# Gradients of at most this many values are added up before the first
+# reading (see `_counted`): 64 KiB of float32.
+_SUMMED_SIZE = 1 << 14
 
 
 def _counted(values: List[tf.Tensor]) -> tf.Tensor:
   # `read`'s two columns for `values`, outside XLA: zeros unless the first
-  # reading flags some.
+  # reading flags some. Small gradients of one shape are added up by one
+  # `AddN` and only their sum is summarized: fewer kernels where a step
+  # has many small variables. A sum holds an inf or a NaN whenever a term
+  # does, and may overflow from finite terms: the counts then decide.
+  by_shape = {}
+  for v in values:
+    small = (v.shape.is_fully_defined() and
+             v.shape.num_elements() <= _SUMMED_SIZE)
+    by_shape.setdefault((v.dtype, tuple(v.shape)) if small else id(v),
+                        []).append(v)
   flagged = tf.add_n([tf.raw_ops.DebugNumericSummaryV2(
-      input=v, tensor_debug_mode=_CURT_HEALTH, output_dtype=tf.float64)
-                      for v in values])[1]
+      input=terms[0] if len(terms) == 1 else tf.add_n(terms),
+      tensor_debug_mode=_CURT_HEALTH,
+      output_dtype=tf.float64) for terms in by_shape.values()])[1]
   return execution.computed_unless(
       tf.equal(flagged, 0.0), lambda: tf.matmul(tf.stack([
           tf.raw_ops.DebugNumericSummaryV2(
@@ -222,9 +236,10 @@ def _largest(values: List[Optional[tf.Tensor]]) -> tf.Tensor:
                          -tf.stack([tf.reduce_min(values[i]) for i in members]))
     parts.append(tf.cast(largest, tf.float64))
   order = [i for members in by_dtype.values() for i in members]
-  return tf.maximum(tf.gather(tf.concat(parts, 0), [
-      order.index(i) + 1 if i in order else 0 for i in range(len(values))]),
-                    0.0)
+  rows = [order.index(i) + 1 if i in order else 0
+          for i in range(len(values))]
+  return tf.maximum(tf.gather(tf.concat(parts, 0),
+                              tf.constant(rows, tf.int32, [len(rows)])), 0.0)
 
 
 def _times(loss: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
