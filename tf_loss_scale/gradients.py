@@ -130,8 +130,7 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
   if summarized:
     blocks.append(_counted([values[i] for i in summarized]))
   if tested:
-    blocks.append(tf.cast(tf.stack([_kinds_in_one_pass(values[i])
-                                    for i in tested]), tf.float64))
+    blocks.append(_kinds_in_one_pass([values[i] for i in tested]))
   rows = summarized + tested
   if len(rows) < len(values):
     blocks.append(tf.zeros([1, 2], tf.float64))  # The row of a `None`.
@@ -181,6 +180,10 @@ _SUMMARIZED_DTYPES = (tf.float16, tf.float32, tf.float64)
 # Gradients of at most this many values are added up before the first
 # reading (see `_counted`): 64 KiB of float32.
 _SUMMED_SIZE = 1 << 14
+# Gradients of fewer values have their codes summed whole (see
+# `_kinds_in_one_pass`): a sum of codes of NaNs (this value each) fits an
+# int32.
+_WINDOWED = 1 << 12
 
 
 def _counted(values: List[tf.Tensor]) -> tf.Tensor:
@@ -209,16 +212,31 @@ def _counted(values: List[tf.Tensor]) -> tf.Tensor:
       otherwise=tf.zeros([len(values), 2], tf.float64))
 
 
-def _kinds_in_one_pass(values: tf.Tensor) -> tf.Tensor:
-  # [holds a NaN, holds an inf] for `values`, read in windows of 32 values:
-  # a NaN's code is above the most infs a window can count.
-  flat = tf.reshape(values, [-1])
-  codes = tf.where(tf.math.is_nan(flat), 64,
-                   tf.where(tf.math.is_inf(flat), 1, 0))
-  codes = tf.pad(codes, [[0, tf.math.floormod(-tf.size(codes), 32)]])
-  sums = tf.reduce_sum(tf.reshape(codes, [-1, 32]), axis=1)
-  return tf.stack([tf.reduce_any(sums >= 64),
-                   tf.reduce_any(tf.bitwise.bitwise_and(sums, 63) > 0)])
+def _kinds_in_one_pass(values: List[tf.Tensor]) -> tf.Tensor:
+  # `read`'s two columns for `values`, each read in one pass: every value
+  # gets a code, a NaN's above the most infs a sum can count, and the codes
+  # are summed, those of gradients of `_WINDOWED` values or more (or of
+  # unknown size) over windows of 32 values, a row reduction that XLA:CPU
+  # spreads over its threads. The sums are compared together.
+  nan, inf, zero = (tf.constant(c) for c in (_WINDOWED, 1, 0))
+  sums = []
+  for v in values:
+    flat = tf.reshape(v, [-1])
+    if flat.shape[0] is not None and flat.shape[0] < _WINDOWED:
+      sums.append(tf.reduce_sum(tf.where(
+          tf.math.is_nan(flat), nan, tf.where(tf.math.is_inf(flat), inf,
+                                              zero))))
+      continue
+    codes = tf.where(tf.math.is_nan(flat), 64,
+                     tf.where(tf.math.is_inf(flat), 1, 0))
+    codes = tf.pad(codes, [[0, tf.math.floormod(-tf.size(codes), 32)]])
+    windows = tf.reduce_sum(tf.reshape(codes, [-1, 32]), axis=1)
+    sums.append(tf.where(tf.reduce_any(windows >= 64), nan, zero) + tf.cast(
+        tf.reduce_any(tf.bitwise.bitwise_and(windows, 63) > 0), tf.int32))
+  sums = tf.stack(sums)
+  return tf.cast(tf.stack([
+      sums >= nan, tf.bitwise.bitwise_and(sums, nan - 1) > 0], axis=1),
+                 tf.float64)
 
 
 def _largest(values: List[Optional[tf.Tensor]]) -> tf.Tensor:
