@@ -13,14 +13,13 @@ fusion (`g = v * c`, as in the step):
 
   update    `v -= lr * g`: the bare step's one pass (reads and writes).
   keras3    `all(is_finite(g))` per gradient, and-ed: Keras's check.
-  ours      `tf_loss_scale.gradients.non_finite_kinds`, reduced to a
-            verdict: the check of our jit step, which also gives the skip
-            report's NaN and inf flags.
+  ours      `tf_loss_scale.gradients.read`, reduced to a verdict: the
+            check of our jit step, which also gives the skip report's NaN
+            and inf flags.
   max       the largest `|g|` per gradient, one whole reduction each: the
             shape of a read that XLA:CPU reduces on one thread.
   max_rows  the same over rows of 32 values, then over the rows: a row
-            reduction, which XLA:CPU spreads over its threads (ours sums
-            its codes over such rows).
+            reduction, which XLA:CPU spreads over its threads.
 
 Prints each pass's median time and its ratio to Keras's check.
 """
@@ -70,8 +69,7 @@ def compiled_passes(variables: List[tf.Variable], factor: tf.Variable
         tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in grads()]))
 
   def ours():
-    nan, inf = gradients.non_finite_kinds(grads())
-    return tf.logical_not(tf.reduce_any(tf.logical_or(nan, inf)))
+    return tf.logical_not(tf.reduce_any(gradients.read(grads()) > 0))
 
   def whole_max():
     return tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(g)) for g in grads()]))

@@ -125,9 +125,9 @@ def _identical(a, b):
 def _op_count(graph_def) -> dict:
   """Ops of a traced step: at top level, and with every called function's.
 
-  A function that is never inlined (`_noinline`, such as the skip report's
-  reads) is one op where it is called, and its body runs only when the call
-  does: its ops are counted apart, under 'not_inlined'.
+  A function that is never inlined (`_noinline`) is one op where it is
+  called, and its body runs only when the call does: its ops are counted
+  apart, under 'not_inlined'.
   """
   functions = graph_def.library.function
   not_inlined = sum(len(f.node_def) for f in functions if '_noinline' in f.attr)

@@ -31,17 +31,22 @@ def _per_replica(strategy, values_by_replica):
   return strategy.experimental_distribute_values_from_function(value_fn)
 
 
+def _verdict(grads, divided_by=None):
+  """The verdict of `distribute.read`."""
+  return distribute.read(grads, divided_by=divided_by).finite
+
+
 def _local(strategy, value):
   """Each replica's copy of a variable or per-replica value, as numpy."""
   return [np.asarray(v) for v in strategy.experimental_local_results(value)]
 
 
-# --- all_finite_on_every_replica ---------------------------------------------
+# --- read: the verdict ---------------------------------------------------------
 
 
-def test_all_finite_on_every_replica_without_a_strategy():
-  assert bool(distribute.all_finite_on_every_replica([tf.constant(1.0), None]))
-  assert not bool(distribute.all_finite_on_every_replica(tf.constant(NAN)))
+def test_read_without_a_strategy():
+  assert bool(_verdict([tf.constant(1.0), None]))
+  assert not bool(_verdict(tf.constant(NAN)))
 
 
 @pytest.mark.parametrize('values,expected', [
@@ -59,11 +64,11 @@ def test_all_finite_on_every_replica_without_a_strategy():
 ])
 @pytest.mark.parametrize('in_function', [False, True],
                          ids=['eager', 'function'])
-def test_all_finite_on_every_replica_sees_each_replica(mirrored_strategy,
+def test_read_sees_each_replica(mirrored_strategy,
                                                        values, expected,
                                                        in_function):
   grads = _per_replica(mirrored_strategy, values)
-  verdict_of = distribute.all_finite_on_every_replica
+  verdict_of = _verdict
   if in_function:
     verdict_of = tf.function(verdict_of)
   with mirrored_strategy.scope():
@@ -80,38 +85,30 @@ def test_all_finite_on_every_replica_sees_each_replica(mirrored_strategy,
 ])
 @pytest.mark.parametrize('in_function', [False, True],
                          ids=['eager', 'function'])
-def test_all_finite_on_every_replica_sees_a_float64_sum_overflow(
+def test_read_sees_a_float64_sum_overflow(
     mirrored_strategy, values, expected, in_function):
   grads = mirrored_strategy.experimental_distribute_values_from_function(
       lambda context: [tf.constant(
           [values[context.replica_id_in_sync_group], 1.0], tf.float64)])
-  verdict_of = distribute.all_finite_on_every_replica
+  verdict_of = _verdict
   if in_function:
     verdict_of = tf.function(verdict_of)
   with mirrored_strategy.scope():
     assert bool(verdict_of(grads)) is expected, f'replica values {values}'
 
 
-def test_all_finite_on_every_replica_in_a_function(mirrored_strategy):
+def test_read_in_a_function(mirrored_strategy):
 
   @tf.function
   def verdict(grads):
-    return distribute.all_finite_on_every_replica(grads)
+    return _verdict(grads)
 
   with mirrored_strategy.scope():
     assert bool(verdict(_per_replica(mirrored_strategy, (1.0, 2.0))))
     assert not bool(verdict(_per_replica(mirrored_strategy, (1.0, INF))))
 
 
-def test_all_finite_on_every_replica_refuses_a_replica_context(
-    mirrored_strategy):
-  with pytest.raises(
-      RuntimeError, match='cross-replica context.*replica context.*merge_call'):
-    mirrored_strategy.run(
-        lambda: distribute.all_finite_on_every_replica([tf.constant(1.0)]))
-
-
-def test_all_finite_on_every_replica_sees_a_float16_sum_overflow(
+def test_read_sees_a_float16_sum_overflow(
     mirrored_strategy):
   # 40000 fits in float16 (largest 65504); 40000 + 40000 does not.
   def value_fn(context):
@@ -123,20 +120,20 @@ def test_all_finite_on_every_replica_sees_a_float16_sum_overflow(
   fits = mirrored_strategy.experimental_distribute_values_from_function(
       value_fn)
   with mirrored_strategy.scope():
-    assert not bool(distribute.all_finite_on_every_replica(big))
-    assert bool(distribute.all_finite_on_every_replica(fits))
+    assert not bool(_verdict(big))
+    assert bool(_verdict(fits))
 
 
 def _trap_magnitudes(monkeypatch):
   """Makes reading the largest magnitudes fail, but only if the read runs."""
-  largest_magnitudes = gradients.largest_magnitudes
+  largest = gradients._largest  # pylint: disable=protected-access
 
-  def trapped(grads):
+  def trapped(values):
     trap = tf.strings.to_number(tf.strings.format(
-        'magnitudes read {}', tf.size(gradients.dense_values(grads)[0])))
-    return largest_magnitudes(grads) + tf.cast(trap, tf.float64)
+        'magnitudes read {}', tf.size(values[0])))
+    return largest(values) + tf.cast(trap, tf.float64)
 
-  monkeypatch.setattr(gradients, 'largest_magnitudes', trapped)
+  monkeypatch.setattr(gradients, '_largest', trapped)
 
 
 def _scale_as(strategy, kind, value):
@@ -161,7 +158,7 @@ def test_a_scale_of_twice_the_replicas_settles_the_sums_without_magnitudes(
     scale_kind):
   _trap_magnitudes(monkeypatch)
   grads = _per_replica(mirrored_strategy, values)
-  verdict_of = distribute.all_finite_on_every_replica
+  verdict_of = _verdict
   if in_function:
     verdict_of = tf.function(verdict_of)
   with mirrored_strategy.scope():
@@ -186,7 +183,7 @@ def test_each_replica_decides_from_its_own_read_of_the_scale(
           3.99 if context.replica_id_in_sync_group == low_replica else 4.0))
   with mirrored_strategy.scope():
     with pytest.raises(tf.errors.InvalidArgumentError, match='magnitudes read'):
-      tf.function(distribute.all_finite_on_every_replica)(grads, scales)
+      tf.function(_verdict)(grads, scales)
 
 
 @pytest.mark.parametrize('scale', [1.0, 3.99])
@@ -198,7 +195,7 @@ def test_below_twice_the_replicas_the_magnitudes_bound_the_sums(
   # 40000 on each replica is finite in float16; the sum is not.
   big = mirrored_strategy.experimental_distribute_values_from_function(
       lambda context: [tf.constant([40000.0, 1.0], tf.float16)])
-  verdict_of = distribute.all_finite_on_every_replica
+  verdict_of = _verdict
   if in_function:
     verdict_of = tf.function(verdict_of)
   with mirrored_strategy.scope():
@@ -255,12 +252,12 @@ def test_all_reduce_in_replica_sums_once_and_keeps_none(mirrored_strategy):
 
 @pytest.mark.parametrize('bad,in_function', [
     (3e38, False), (3e38, True), (NAN, True), (-INF, True)])
-def test_all_finite_in_any_context_sees_a_sum_overflow_in_a_replica_context(
+def test_read_in_a_replica_context_sees_a_sum_overflow_in_a_replica_context(
     mirrored_strategy, bad, in_function):
 
   def replica_verdict():
     grad = tf.constant([bad, 1.0])
-    return distribute.all_finite_in_any_context([grad, None])
+    return _verdict([grad, None])
 
   run = lambda: mirrored_strategy.run(replica_verdict)
   if in_function:
@@ -268,17 +265,17 @@ def test_all_finite_in_any_context_sees_a_sum_overflow_in_a_replica_context(
   assert _local(mirrored_strategy, run()) == [False, False], bad
 
 
-def test_all_finite_in_any_context_agrees_across_replicas(mirrored_strategy):
+def test_read_in_a_replica_context_agrees_across_replicas(mirrored_strategy):
 
   def replica_verdict():
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     bad = tf.where(tf.equal(replica, 1), INF, 1.0)
-    return distribute.all_finite_in_any_context([tf.constant(1.0), bad])
+    return _verdict([tf.constant(1.0), bad])
 
   assert _local(mirrored_strategy,
                 mirrored_strategy.run(replica_verdict)) == [False, False]
   finite = mirrored_strategy.run(
-      lambda: distribute.all_finite_in_any_context([tf.constant(1.0)]))
+      lambda: _verdict([tf.constant(1.0)]))
   assert _local(mirrored_strategy, finite) == [True, True]
 
 

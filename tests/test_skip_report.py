@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tf_loss_scale
+from tf_loss_scale import distribute
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import monitoring
 import front_ends
@@ -432,8 +433,9 @@ def test_a_skip_writes_its_report_in_two_variables(mirrored_strategy,
   with strategy.scope():
     loss_scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=2.0)
     # As a step does: the site's flags are made under the strategy too.
+    reading = distribute.Reading(tf.constant([False]), tf.constant([True]))
     write_report = loss_scale_lib.step_record_of(loss_scale).skip_reporter(
-        [tf.constant([INF])], ['w'], loss_scale, summed=True)
+        ['w'], loss_scale, lambda: reading)
   per_device = ['0', '1'] if replicas == 2 else ['']
   assert _writes(write_report, strategy) == {
       device: 2 for device in per_device}

@@ -1,12 +1,14 @@
 """Where `tf.distribute` meets loss scaling.
 
-The only module that knows about strategies, replica contexts and merge_call.
-Its promise: every replica, and every worker, reaches the same verdict on
+The only module that knows about strategies, replica contexts and merge_call
+(`call_for_each_replica`, `experimental_local_results`, reductions). Its
+promise: every replica, and every worker, reaches the same verdict on
 whether a step's gradients are finite, so all of them skip or apply together
-and their loss scales never drift apart.
+and their loss scales never drift apart. `read` is where a step's gradients
+are read, once, for that verdict and for the skip report alike.
 """
 
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -14,100 +16,98 @@ from tf_loss_scale import execution
 from tf_loss_scale import gradients
 
 
-def all_finite_on_every_replica(
-    grads: Any, divided_by: Optional[tf.Tensor] = None) -> tf.Tensor:
-  """Tells whether the gradients, summed across replicas, are certainly finite.
+class Reading(NamedTuple):
+  """What one reading of a step's gradients found, the same on every replica.
 
-  Outside any strategy this is `gradients.all_finite(grads)`. Under a strategy
-  it must run in the cross-replica context, where `grads` are each replica's
-  own gradients (per-replica values) that the optimizer will all-reduce when
-  it applies them. Each replica reads its gradients for their largest
-  magnitudes (`gradients.largest_magnitudes`), and the replicas' are
-  added up, as described in `_sums_fit`: an overflow on any replica, or one
-  that only the sum would make, is seen by all. When every replica runs in
-  this process they are added here, with no collective op; across workers
-  one small vector (one entry per gradient dtype) is all-reduced.
+  Attributes:
+    nan: A bool vector with one entry per gradient: it holds a NaN (under a
+      strategy, on some replica).
+    inf: A bool vector like `nan`: it holds an inf of either sign, or its
+      sum across replicas could overflow.
+  """
+  nan: tf.Tensor
+  inf: tf.Tensor
 
-  With `divided_by`, each replica reads its gradients for whether they are
-  finite (`gradients.finite_as_magnitudes`: one read, where the largest
-  magnitude takes two), and when that scale is at least twice the number of
-  replicas this stands for the magnitudes: the sums are bounded without
-  them. A finite gradient `g` is at most its dtype's largest value `M`, so
-  `g / s` is at most about `M / s`, and a sum of `n` such values at most
-  `n * M / s <= M / 2`; the roundings of the division and of the sum
-  are far inside that factor of 2. Below that scale (a dynamic scale after
-  many overflows, a small fixed one) the magnitudes are read too, on those
-  steps only (`execution.computed_unless`). Either way one vector per
-  replica is added up. Under XLA, where `largest_magnitudes` reads each
-  gradient once and the gating does not exist, the magnitudes are always
-  read.
+  @property
+  def finite(self) -> tf.Tensor:
+    """The verdict: a bool scalar, True when no gradient is flagged."""
+    return tf.logical_not(tf.reduce_any(tf.logical_or(self.nan, self.inf)))
+
+
+def read(grads: Any, summed: bool = False,
+         divided_by: Optional[tf.Tensor] = None) -> Reading:
+  """Reads a step's gradients once, for its verdict and its skip report.
+
+  Every gradient is read by `gradients.read`, once per replica that holds
+  it. Under a strategy the replicas' rows are added up, so an inf or a NaN
+  on any replica is seen by all, and so is a sum that could overflow: each
+  replica reads its gradients' largest magnitudes too, and where the
+  replicas' magnitudes of a gradient add up past its dtype's largest value
+  (`sum_limit`; |a sum| is at most that total) the gradient is flagged as
+  inf. The bound is conservative only when finite gradients together come
+  that close to the largest value, which for float16 means gradients near
+  32768 on two replicas. When every replica runs in this process the rows
+  are added here, with no collective op; across workers one small matrix
+  is all-reduced.
+
+  With `divided_by` of at least twice the number of replicas the
+  magnitudes are not read (but on steps with a smaller scale): a finite
+  gradient `g` is at most its dtype's largest value `M`, so `g / s` is at
+  most about `M / s`, and a sum of `n` such values at most `n * M / s <=
+  M / 2`; the roundings of the division and of the sum are far inside that
+  factor of 2.
 
   Args:
-    grads: A nested structure of gradients, possibly per-replica values.
-    divided_by: None, or the loss scale that every gradient in `grads` is
-      the quotient of, computed by `gradients.unscale` from a value of its
-      own dtype: a scalar tensor, or one per replica (each replica's read of
-      the scale, as a merge_call hands it over), which lets each replica
-      decide on its own device, with nothing copied between devices.
+    grads: A nested structure of gradients: per-replica values in the
+      cross-replica context, each replica's own in a replica context
+      (inside `strategy.run`), or with no strategy the gradients.
+    summed: Whether `grads` are already the sums across replicas, the same
+      on every replica: then one replica's are read, exactly, and nothing
+      is exchanged.
+    divided_by: None, or the loss scale every gradient was divided by (by
+      `gradients.unscale`, in its own dtype): a scalar, or in the
+      cross-replica context one per replica, as a merge_call hands over
+      each replica's read of it.
 
   Returns:
-    A scalar bool tensor, the same on every replica.
-
-  Raises:
-    RuntimeError: If called in a replica context of a strategy.
+    The `Reading`, with one entry per entry of `tf.nest.flatten(grads)`.
   """
-  if not tf.distribute.has_strategy():
-    return gradients.all_finite(grads)
-  require_cross_replica_context('Deciding whether gradients are finite')
+  grads = tf.nest.flatten(grads)
   strategy = tf.distribute.get_strategy()
-  dtypes = gradients.gradient_dtypes(first_replica_value(grads))
-  if not dtypes:
-    return tf.constant(True)
-  if divided_by is None or execution.in_xla_computation():
-    magnitudes = strategy.extended.call_for_each_replica(
-        gradients.largest_magnitudes, args=(grads,))
-  else:
-    limit = 2.0 * strategy.num_replicas_in_sync
+  replicas = strategy.num_replicas_in_sync
+  if summed or replicas == 1:
+    grads = first_replica_value(grads)
+    return _reading(gradients.read(grads), grads, bound=False)
 
-    def finite_or_magnitudes(replica_grads: Any,
-                             replica_scale: tf.Tensor) -> tf.Tensor:
-      bounded = tf.greater_equal(tf.cast(replica_scale, tf.float32), limit)
-      return execution.computed_unless(
-          bounded, lambda: gradients.largest_magnitudes(replica_grads),
-          otherwise=gradients.finite_as_magnitudes(replica_grads))
+  def read_replica(replica_grads: Any, scale: Optional[tf.Tensor]
+                  ) -> tf.Tensor:
+    return gradients.read(replica_grads, magnitudes=(
+        True if scale is None else
+        tf.less(tf.cast(scale, tf.float32), 2.0 * replicas)))
 
-    magnitudes = strategy.extended.call_for_each_replica(
-        finite_or_magnitudes, args=(grads, divided_by))
-  local = strategy.experimental_local_results(magnitudes)
-  if len(local) == strategy.num_replicas_in_sync:
+  if not tf.distribute.in_cross_replica_context():
+    return _reading(tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, read_replica(grads, divided_by)), grads)
+  tables = strategy.extended.call_for_each_replica(
+      read_replica, args=(grads, divided_by))
+  local = strategy.experimental_local_results(tables)
+  if len(local) == replicas:
     total = tf.add_n(list(local))
   else:
-    total = strategy.reduce(tf.distribute.ReduceOp.SUM, magnitudes, axis=None)
-  return _sums_fit(total, dtypes)
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, tables, axis=None)
+  return _reading(total, first_replica_value(grads))
 
 
-def all_finite_in_any_context(grads: Any) -> tf.Tensor:
-  """`all_finite_on_every_replica`, callable from a replica context too.
-
-  In a replica context (inside `strategy.run`) each replica reads its own
-  gradients and their largest magnitudes are all-reduced, so every replica
-  gets the same answer without a merge_call.
-
-  Args:
-    grads: A nested structure of gradients (per-replica values only in the
-      cross-replica context).
-
-  Returns:
-    A scalar bool tensor, the same on every replica.
-  """
-  if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
-    return all_finite_on_every_replica(grads)
-  dtypes = gradients.gradient_dtypes(grads)
-  if not dtypes:
-    return tf.constant(True)
-  total = tf.distribute.get_replica_context().all_reduce(
-      tf.distribute.ReduceOp.SUM, gradients.largest_magnitudes(grads))
-  return _sums_fit(total, dtypes)
+def _reading(table: tf.Tensor, grads: List[Any], bound: bool = True
+            ) -> Reading:
+  # The flags of a table of `gradients.read` (summed over replicas, with
+  # magnitudes to `bound` the sums) of `grads` (one replica's).
+  inf = table[:, 1] > 0
+  if bound:
+    limits = [float('inf') if g is None else
+              sum_limit(gradients.dense_values(g)[0].dtype) for g in grads]
+    inf = tf.logical_or(inf, table[:, 2] > tf.constant(limits, tf.float64))
+  return Reading(table[:, 0] > 0, inf)
 
 
 def all_reduce_in_replica(grads: Sequence[Any]) -> List[Any]:
@@ -270,25 +270,6 @@ def apply_on_every_replica_if(
     return tf.constant(False)
 
   return tf.cond(should_apply, apply_side, skip_side)
-
-
-def _sums_fit(total: tf.Tensor, dtypes: Sequence[tf.DType]) -> tf.Tensor:
-  """Whether no sum across replicas can overflow, from the summed maxima.
-
-  `total` holds, per dtype, the replicas' largest magnitudes added up
-  (float64, exact). Elementwise, |sum over replicas| <= that total, so when
-  it stays within the dtype's largest value no sum (nor any partial sum, in
-  any order of reduction) overflows. The bound is conservative only when the
-  replicas' largest magnitudes together pass that value, which for float32
-  gradients never happens in practice and for float16 ones means gradients
-  near 32768 on two replicas. The comparison is in float64 against constants
-  that are normal numbers: dividing by a dtype's largest value would not be,
-  as TensorFlow rewrites a division by a constant into a multiplication by
-  its reciprocal, and the reciprocal of float32's largest value is
-  subnormal, which TensorFlow's threads flush to zero.
-  """
-  limits = tf.constant([sum_limit(dtype) for dtype in dtypes], tf.float64)
-  return tf.reduce_all(tf.less_equal(total, limits))
 
 
 def sum_limit(dtype: tf.DType) -> float:

@@ -40,9 +40,10 @@ def in_xla_computation() -> bool:
   True while a `tf.function(jit_compile=True)` (or a function it calls) is
   traced, which is how Keras compiles `model.fit`'s step with XLA.
 
-  Why: the skip report is read differently under XLA to stay free on
-  finite steps (`step_record.StepRecord.skip_reporter`); without the hook
-  it stays correct, only slower under XLA.
+  Why: XLA has no kernel for the op that reads gradients elsewhere, and
+  no gating of ops (see `tf_loss_scale.gradients.read`). Every supported
+  TensorFlow (2.12 on) has the hook (`private_api`); one without it gets
+  False.
   """
   return private_api.enclosing_xla_context() is not None
 

@@ -508,11 +508,12 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
       LossScaleCollapseError: Eagerly, on a collapse with
         `on_collapse='raise'` (the state has been updated).
     """
-    grads_finite = _scalar_verdict(
-        distribute.all_finite_on_every_replica(grads))
-    grads = tf.nest.flatten(grads)
+    distribute.require_cross_replica_context('DynamicLossScale.update')
+    reading = distribute.read(grads)
+    grads_finite = _scalar_verdict(reading.finite)
     reported = _run_if_not(grads_finite, self._step_record.skip_reporter(
-        grads, step_record.positions(len(grads)), self, summed=False))
+        step_record.positions(len(tf.nest.flatten(grads))), self,
+        lambda: reading))
     with tf.control_dependencies(reported):
       return self.assign_next_state(grads_finite), grads_finite
 
@@ -547,8 +548,8 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
       # cross-replica context may assign them, and the verdict is the same
       # on every replica, so the first replica's stands for all.
       return distribute.merge_to_cross_replica(
-          lambda strategy, finite: self._assign_next_state(
-              strategy.experimental_local_results(finite)[0], after),
+          lambda _, finite: self._assign_next_state(
+              distribute.first_replica_value(finite), after),
           grads_finite)
     return self._assign_next_state(grads_finite, after)
 
@@ -558,12 +559,16 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
     grads_finite = _scalar_verdict(grads_finite)
     state = advance_dynamic_state(
         self._read_state(), grads_finite, **self._rule_options())
+    # Made before the control dependencies, so that the record's writes carry
+    # them: Grappler folds a `not` of the verdict's `not`, and a control edge
+    # on a folded op with it.
+    skipped = tf.logical_not(grads_finite)
     with tf.control_dependencies(after):
       assigned = tf.group(
           *[variable.assign(value)
             for variable, value in zip(self._state_variables(), state)
             if variable is not None],
-          self._step_record.record(tf.logical_not(grads_finite)))
+          self._step_record.record(skipped))
     if tf.executing_eagerly():
       self._react_to_collapse_eagerly(state.skips_at_floor)
       return None

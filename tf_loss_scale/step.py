@@ -4,17 +4,17 @@ Each step every front end does the same thing, in this order:
 
 ```
 grads = grads / scale            # those that are gradients of the scaled loss
-verdict = are the gradients that will be applied all finite?
+reading = which gradients that will be applied hold a NaN, which an inf
+verdict = no gradient flagged
 if verdict: apply the gradients on every replica
-else:       skip the step on every replica, write the skip report (which
-            gradients held a NaN, which an inf) and run `on_skip`
+else:       skip the step on every replica, write the skip report (the
+            reading's flags) and run `on_skip`
 state = rule(state, verdict)     # only once the side taken has completed
 ```
 
-The skip report (`tf_loss_scale.step_record`) reads the gradients on the
-skip side only, so that finite steps do not pay for it, except in a step
-XLA compiles: there the verdict itself is taken from per-gradient NaN and
-inf flags (`gradients.non_finite_kinds`), which the report then keeps.
+The gradients are read once (`tf_loss_scale.distribute.read`): the verdict
+and the skip report (`tf_loss_scale.step_record`) share that reading, and a
+finite step pays for the report only the flags it does not write.
 
 The step is a transaction: the loss scale's state (its scale, its counters
 and its monitoring record) moves only after the side taken has completed. An
@@ -57,13 +57,13 @@ all-reduced ones, and every replica reaches it without exchanging it
 - `reduces=True`: `apply_fn` all-reduces the gradients itself (a Keras 3
   optimizer's `apply`, a `tf.compat.v1` optimizer's `apply_gradients`), and
   no public API of those optimizers takes sums without summing them again.
-  The step then decides before the sums exist, from one all-reduced scalar
-  per step (`distribute.all_finite_on_every_replica`): a step is applied only
+  The step then decides before the sums exist, from each replica's reading
+  of its own gradients, added up (`distribute.read`): a step is applied only
   if every replica's gradients are finite and their sums certainly are (a
-  bound, exact unless the replicas' largest magnitudes together pass the
-  dtype's largest value). When the step divided every gradient by a scale
-  of at least twice the number of replicas, being finite is that bound, and
-  the gradients are read for nothing more.
+  bound, exact unless the replicas' largest magnitudes of a gradient
+  together pass its dtype's largest value). When the step divided every
+  gradient by a scale of at least twice the number of replicas, being
+  finite is that bound, and the gradients are read for nothing more.
 
 A user's own `LossScale` subclass decides through its `update(grads)`, which
 assigns its own state as it decides, so that state moves before the apply
@@ -72,20 +72,19 @@ on its verdict, and runs `update`'s op with the step in a graph.
 """
 
 import abc
-from typing import (Any, Callable, List, NamedTuple, Optional, Sequence, Tuple,
-                    Union)
+import functools
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
 from tf_loss_scale import distribute
-from tf_loss_scale import execution
 from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import step_record
 
 Verdict = Union[bool, tf.Tensor]
-# Returns the gradients' NaN and inf flags, two bool vectors.
-Flags = Callable[[], Tuple[tf.Tensor, tf.Tensor]]
+# Returns the step's reading of its gradients.
+Reader = Callable[[], distribute.Reading]
 
 
 class Decision(NamedTuple):
@@ -132,7 +131,7 @@ class ScaleState(abc.ABC):
       grads: The step's unscaled gradients as `apply_fn` will get them
         (per-replica values under a strategy).
       all_finite: Computes the verdict on the gradients that will be
-        applied (see `verdict`). A state that never skips need not call it,
+        applied (`distribute.Reading.finite`). A state that never skips need not call it,
         and then no verdict is computed at all.
 
     Returns:
@@ -141,8 +140,7 @@ class ScaleState(abc.ABC):
     del grads
     return Decision(all_finite())
 
-  def skip_reporter(self, grads: List[Any], names: Sequence[str],
-                    summed: bool, flags: Optional[Flags] = None
+  def skip_reporter(self, names: Sequence[str], reading: Reader
                    ) -> Optional[Callable[[], Any]]:
     """Prepares the report of why the step is skipped, if the state keeps one.
 
@@ -150,17 +148,14 @@ class ScaleState(abc.ABC):
     it returns is called only on the skip side, before `advance`.
 
     Args:
-      grads: The step's unscaled gradients, as `decide` got them.
       names: One name per gradient, for the report.
-      summed: Whether `grads` are the sums across replicas.
-      flags: Returns the gradients' NaN and inf flags, when the step
-        computes them with the verdict; otherwise the report reads them.
+      reading: Returns the reading of the gradients the verdict came from.
 
     Returns:
       A function that writes the report (returning an op in a graph), or
       None. By default nothing is recorded.
     """
-    del grads, names, summed, flags
+    del names, reading
     return None
 
   @abc.abstractmethod
@@ -210,14 +205,13 @@ class LossScaleState(ScaleState):
     update_op, should_apply = self._loss_scale.update(grads)
     return Decision(should_apply, update_op)
 
-  def skip_reporter(self, grads: List[Any], names: Sequence[str],
-                    summed: bool, flags: Optional[Flags] = None
+  def skip_reporter(self, names: Sequence[str], reading: Reader
                    ) -> Optional[Callable[[], Any]]:
     # A loss scale that decides in its own `update` reports there, if at all.
     record = loss_scale_lib.step_record_of(self._loss_scale)
     if not self._follows_the_rule or record is None:
       return None
-    return record.skip_reporter(grads, names, self.scale, summed, flags)
+    return record.skip_reporter(names, self.scale, reading)
 
   def advance(self, verdict: Verdict,
               after: Sequence[Union[tf.Tensor, tf.Operation]]) -> Any:
@@ -284,17 +278,12 @@ def apply_step(grads: Sequence[Any],
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
                        divided_by: Optional[tf.Tensor]) -> Outcome:
-    all_finite = lambda: verdict(grads, summed, divided_by=divided_by)
-    flags = None
-    if execution.in_xla_computation() and not tf.distribute.has_strategy():
-      # The report's flags give the verdict too: XLA turns the branch into
-      # selects, so a skip side that read the gradients would read them on
-      # every step.
-      flags = _once(lambda: gradients.non_finite_kinds(grads))
-      all_finite = lambda: tf.logical_not(
-          tf.reduce_any(tf.logical_or(*flags())))
-    decision = state.decide(grads, all_finite)
-    report = state.skip_reporter(grads, names, summed, flags=flags)
+    # The one reading of the gradients, made when the verdict or the report
+    # first asks for it.
+    reading = functools.lru_cache(maxsize=None)(lambda: distribute.read(
+        grads, summed=summed, divided_by=divided_by))
+    decision = state.decide(grads, lambda: reading().finite)
+    report = state.skip_reporter(names, reading)
 
     def skip_side() -> Any:
       # Nothing here may run on a step that is applied.
@@ -321,33 +310,6 @@ def apply_step(grads: Sequence[Any],
                                           divided_by)
 
 
-def verdict(grads: List[Any], summed: bool,
-            divided_by: Optional[tf.Tensor] = None) -> tf.Tensor:
-  """Whether the gradients a step applies are all finite, on every replica.
-
-  The one place the step's verdict is computed. Call it in the
-  cross-replica context (or with no strategy).
-
-  Args:
-    grads: The step's gradients (per-replica values under a strategy).
-    summed: Whether `grads` are already the all-reduced sums, identical on
-      every replica: then the verdict is exact and exchanges nothing.
-      Otherwise it covers every replica's gradients and a bound on their
-      sums, with one scalar reduced across replicas.
-    divided_by: The loss scale every gradient was divided by, when the step
-      unscaled them all (per-replica values under a strategy); a large
-      enough one bounds their sums, which then need not be read for their
-      magnitudes (`distribute.all_finite_on_every_replica`).
-
-  Returns:
-    A bool scalar tensor, the same on every replica.
-  """
-  if summed:
-    # Every replica holds the same sums: any one replica's are the sums.
-    return gradients.all_finite(distribute.first_replica_value(grads))
-  return distribute.all_finite_on_every_replica(grads, divided_by)
-
-
 def unscale_where(grads: List[Any], scaled: Sequence[bool],
                   scale: tf.Tensor) -> List[Any]:
   """Divides by `scale`, as Keras 3 does, the gradients of a scaled loss.
@@ -371,18 +333,6 @@ def unscale_where(grads: List[Any], scaled: Sequence[bool],
   unscaled = gradients.unscale(
       [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
   return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
-
-
-def _once(fn: Callable[[], Any]) -> Callable[[], Any]:
-  """`fn`, computed on the first call and reused after."""
-  results = []
-
-  def once() -> Any:
-    if not results:
-      results.append(fn())
-    return results[0]
-
-  return once
 
 
 def graph_elements(*values: Any) -> List[Union[tf.Tensor, tf.Operation]]:

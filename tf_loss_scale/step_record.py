@@ -7,9 +7,10 @@ never saved with it (checkpoints and `.keras` files keep the peers' layouts):
   skipped), moved once per step with the loss scale's state;
 - the skip report of the latest skipped step: the step's number, the scale
   its gradients were computed with, and which gradients held a NaN and which
-  an inf. It is written only on a skipped step, from the step's skip branch
-  (`tf_loss_scale.step.apply_step`), so a finite step pays for the counts
-  alone.
+  an inf, as the step's one reading of its gradients found them
+  (`tf_loss_scale.distribute.read`). It is written only on a skipped step,
+  from the step's skip branch (`tf_loss_scale.step.apply_step`), so a finite
+  step pays for the counts alone.
 
 The report is held in as few variables as its dtypes allow: its numbers in
 one float64 vector (its integers are exact there up to 2**53) and its flags
@@ -40,7 +41,6 @@ import tensorflow as tf
 
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
-from tf_loss_scale import gradients
 
 # Entries of the report's numbers, and what they read as with no report.
 _SKIP_STEP, _SKIP_SITE, _SKIP_SCALE = 0, 1, 2
@@ -48,9 +48,6 @@ _NO_REPORT = (-1.0, 0.0, 0.0)
 
 OVERFLOW = 'overflow'
 NAN = 'nan'
-# A skipped step with no gradient flagged: under a strategy, the replicas'
-# largest magnitudes of different variables together passed the bound.
-NO_FLAG = 'the sum across replicas could overflow'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +65,7 @@ class SkipReport:
       sum across replicas may overflow. A variable can be in both lists.
     cause: `'nan'` when any gradient held a NaN (no loss scale cures that),
       `'overflow'` otherwise (a lower scale does): infinities, or under a
-      strategy sums across replicas that could overflow (with both lists
-      empty when no single variable's could, only their largest magnitudes
-      together).
+      strategy sums across replicas that could overflow.
   """
   step: int
   loss_scale: float
@@ -84,8 +79,6 @@ class SkipReport:
       found.append(f'NaN in {", ".join(self.nan)}')
     if self.inf:
       found.append(f'inf in {", ".join(self.inf)}')
-    if not found:
-      found.append(NO_FLAG)
     return (f'step {self.step} skipped at loss scale {self.loss_scale:g} '
             f'({self.cause}): {"; ".join(found)}')
 
@@ -201,10 +194,10 @@ class StepRecord:
               (counts['steps'], tf.constant(1, tf.int64))]),
         counts['last_step_skipped'].assign(skipped))
 
-  def skip_reporter(self, grads: List[Any], names: Sequence[str],
-                    scale: Callable[[], tf.Tensor], summed: bool,
-                    flags: Optional[Callable[[], Tuple[tf.Tensor, tf.Tensor]]]
-                    = None) -> Callable[[], Any]:
+  def skip_reporter(self, names: Sequence[str],
+                    scale: Callable[[], tf.Tensor],
+                    reading: Callable[[], distribute.Reading]
+                   ) -> Callable[[], Any]:
     """Prepares the report of a step that may be skipped.
 
     Call it in the cross-replica context (or with no strategy) before the
@@ -212,15 +205,11 @@ class StepRecord:
     before `record` counts the step.
 
     Args:
-      grads: The step's unscaled gradients (per-replica values under a
-        strategy).
       names: One name per gradient.
       scale: Returns the loss scale the gradients were computed with.
-      summed: Whether `grads` are already the sums across replicas.
-      flags: Returns the gradients' NaN and inf flags (bool vectors), when
-        the step computes them with its verdict (under XLA). Otherwise the
-        skip side reads the gradients, by one function call, so that a
-        finite step does not pay for it.
+      reading: Returns the reading of the gradients that the step's verdict
+        came from (`tf_loss_scale.distribute.read`), whose flags the report
+        keeps: they are not read again.
 
     Returns:
       A function that writes the report and returns its op (graph), or None
@@ -229,7 +218,7 @@ class StepRecord:
     site = self._site(tuple(names))
 
     def write() -> Any:
-      nan, inf = flags() if flags else _locate(grads, summed)
+      found = reading()
       # The steps counted before this one: 0 while a TF1 session has not
       # initialised the counts, as no step has been counted yet.
       step = _read_or(self._counts['steps'], 0)
@@ -237,7 +226,8 @@ class StepRecord:
                           tf.constant(site.index, tf.float64),
                           tf.cast(scale(), tf.float64)])
       return execution.op_in_graph_mode(lambda: tf.group(
-          site.flags.assign(tf.stack([nan, inf]), read_value=False),
+          site.flags.assign(tf.stack([found.nan, found.inf]),
+                           read_value=False),
           self._report.assign(numbers, read_value=False)))
 
     return write
@@ -287,7 +277,7 @@ class StepRecord:
         tf.strings.as_string(tf.cast(report[_SKIP_SCALE], tf.float32),
                              shortest=True),
         ' (', tf.where(nan_found, NAN, OVERFLOW), '): ',
-        tf.where(tf.strings.length(found) > 0, found, NO_FLAG), '.',
+        found, '.',
         tf.where(nan_found, NAN_NOTE, '')])
     return tf.where(step >= 0, text, '')
 
@@ -367,99 +357,6 @@ def _listed(prefix: str, names: Tuple[str, ...], flags: tf.Tensor
   found = tf.boolean_mask(tf.constant(names, tf.string), flags)
   return tf.where(tf.reduce_any(flags), tf.strings.join(
       [prefix, tf.strings.reduce_join(found, separator=', ')]), '')
-
-
-# ---- the flags of one step --------------------------------------------------
-
-
-def _locate(grads: List[Any], summed: bool) -> Tuple[tf.Tensor, tf.Tensor]:
-  """Which gradients hold a NaN, and which an inf (or a sum that may overflow).
-
-  Under a strategy, in the cross-replica context, the union over replicas:
-  each local replica's gradients are read by one call on its device (in the
-  caller's thread, so that the caller's control dependencies gate it), and
-  across workers the results are summed with one all-reduce. `summed` gradients
-  are the same on every replica, so the first replica's are read.
-  """
-  if not tf.distribute.has_strategy():
-    return _flags(_summed_kinds([_values(grads)]), dtypes=None)
-  strategy = tf.distribute.get_strategy()
-  if summed:
-    return _flags(_summed_kinds(
-        [_values(distribute.first_replica_value(grads))]), dtypes=None)
-  local = [None if g is None else strategy.experimental_local_results(g)
-           for g in grads]
-  replicas = max([len(l) for l in local if l is not None], default=1)
-  if replicas == strategy.num_replicas_in_sync:
-    # One call per replica, on its device: its gradients are not copied
-    # to another device (a copy that a finite step would also pay).
-    per_replica = []
-    for r in range(replicas):
-      values = _values([None if l is None else l[r] for l in local])
-      device = next((v.device for v in values if v is not None), None)
-      with tf.device(device):
-        per_replica.append(_summed_kinds([values]))
-    total = tf.add_n(per_replica)
-  else:
-    total = strategy.reduce(
-        tf.distribute.ReduceOp.SUM,
-        strategy.extended.call_for_each_replica(
-            lambda g: _summed_kinds([_values(g)]), args=(grads,)),
-        axis=None)
-  return _flags(total, dtypes=[
-      None if v is None else v.dtype
-      for v in _values(distribute.first_replica_value(grads))])
-
-
-def _values(grads: List[Any]) -> List[Optional[tf.Tensor]]:
-  """Each gradient's values (an `IndexedSlices`'s `values`), None kept."""
-  return [None if g is None else gradients.dense_values(g)[0] for g in grads]
-
-
-def _kinds_summed_over(replicas: List[List[Optional[tf.Tensor]]]
-                      ) -> tf.Tensor:
-  """Per gradient: [holds a NaN, holds an inf, largest finite |value|].
-
-  `gradients.kinds_by_gradient` of each of `replicas` (each a list of
-  gradient values), added up, so that the rows of other workers can be
-  added to it.
-  """
-  return tf.add_n([gradients.kinds_by_gradient(values) for values in replicas])
-
-
-def _one_call(fn: Callable[..., Any]) -> Callable[..., Any]:
-  """`fn` as one function call in the graphs that call it.
-
-  A call that TensorFlow inlined would leave hundreds of ops per replica
-  on the step's skip side, which an executor visits (as dead ops) on every
-  finite step too. `_noinline`, a function attribute of TensorFlow's
-  runtime that `tf.function` accepts from TensorFlow 2.15 on, keeps the
-  call one op, whose body runs only when the call does. Earlier
-  TensorFlows refuse it; there the call is inlined: the same report, at
-  that cost.
-  """
-  options = dict(autograph=False, reduce_retracing=True)
-  try:
-    return tf.function(fn, experimental_attributes={'_noinline': True},
-                       **options)
-  except ValueError:
-    return tf.function(fn, **options)
-
-
-_summed_kinds = _one_call(_kinds_summed_over)
-
-
-def _flags(kinds: tf.Tensor, dtypes: Optional[List[Optional[tf.DType]]]
-          ) -> Tuple[tf.Tensor, tf.Tensor]:
-  nan = kinds[:, 0] > 0
-  inf = kinds[:, 1] > 0
-  if dtypes:
-    # The replicas' largest magnitudes added up: past the bound the step
-    # checks (`distribute.sum_limit`), the sum may overflow.
-    limits = tf.constant([distribute.sum_limit(d) if d else float('inf')
-                          for d in dtypes], tf.float64)
-    inf = tf.logical_or(inf, kinds[:, 2] > limits)
-  return nan, inf
 
 
 # ---- variables ----------------------------------------------------------------

@@ -94,7 +94,7 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     Returns:
       A scalar bool tensor, the same on every replica.
     """
-    return distribute.all_finite_in_any_context(list(grads))
+    return distribute.read(list(grads)).finite
 
   # ---- the step -----------------------------------------------------------
 

@@ -215,7 +215,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       A scalar bool tensor. In a replica context of a strategy, the same on
       every replica, and False also when the sum across replicas overflows.
     """
-    return distribute.all_finite_in_any_context(list(grads))
+    return distribute.read(list(grads)).finite
 
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
     """Multiplies a loss by the current scale (`initial_scale` before build).
@@ -378,13 +378,12 @@ class _KerasScale(step.ScaleState):
       return self._values[0]
     return tf.convert_to_tensor(self._optimizer.dynamic_scale)
 
-  def skip_reporter(self, grads: List[Any], names: Sequence[str],
-                    summed: bool, flags: Optional[step.Flags] = None
+  def skip_reporter(self, names: Sequence[str], reading: step.Reader
                    ) -> Optional[Callable[[], Any]]:
     if self._values is not None:
       return None  # A stateless step assigns nothing.
     return self._optimizer._monitor.skip_reporter(  # pylint: disable=protected-access
-        grads, names, self.scale, summed, flags)
+        names, self.scale, reading)
 
   def advance(self, verdict: tf.Tensor,
               after: Sequence[Union[tf.Tensor, tf.Operation]]) -> Any:
@@ -398,6 +397,10 @@ class _KerasScale(step.ScaleState):
     if self._values is not None:
       return new_scale, new_counter
 
+    # Made before the control dependencies below, as in
+    # `DynamicLossScale._assign_next_state` (which says why).
+    skipped = tf.logical_not(verdict)
+
     def assign() -> Any:
       # A Keras variable's assign returns no op (None in Keras 3.3, its
       # input in later releases): the assignments run eagerly, or in
@@ -405,8 +408,7 @@ class _KerasScale(step.ScaleState):
       with tf.control_dependencies(after):
         opt.dynamic_scale.assign(new_scale)
         opt.step_counter.assign(new_counter)
-        return opt._monitor.record(  # pylint: disable=protected-access
-            tf.logical_not(verdict))
+        return opt._monitor.record(skipped)  # pylint: disable=protected-access
 
     return execution.op_in_graph_mode(assign)
 
