@@ -16,7 +16,7 @@ A program declares in its header comments how it runs:
     # Keras: yes                         or no
     # Needs: tf.estimator                a name some TensorFlows lack
     # Resumes: yes                       run twice in one directory, the
-                                         first time under tf_keras's class
+                                         first time under Keras 2's class
 The programs start together when the first test asks, two at a time.
 """
 
@@ -46,10 +46,11 @@ _NEEDS = {
         'tf.estimator was removed in TensorFlow 2.16 '
         f'(here {".".join(map(str, versions.TF))})'),
 }
-# A program that resumes first runs under TF_USE_LEGACY_KERAS=1, where the
-# TF 2.4 API is Keras 2's own class (tf_keras's, or TensorFlow's on 2.15 and
-# earlier).
-_RESUMES = versions.LEGACY_KERAS_IS_KERAS_2
+# A program that resumes first runs where the TF 2.4 API is Keras 2's own
+# class: TensorFlow's on 2.15 and earlier, tf_keras's (TF_USE_LEGACY_KERAS=1)
+# on 2.16 and later.
+_WRITER_LEGACY_KERAS = versions.TF >= (2, 16)
+_RESUMES = versions.KERAS_2
 
 
 class Program(NamedTuple):
@@ -119,7 +120,7 @@ def _run(program: Program, legacy_keras: bool, workdir: str) -> List[Run]:
   args = [_RUNNER] + (['--override'] if program.override else []) + [
       os.path.join(_LEGACY, program.name)]
   runs = []
-  for legacy in ([True] if program.resumes else []) + [legacy_keras]:
+  for legacy in [_WRITER_LEGACY_KERAS] * program.resumes + [legacy_keras]:
     start = time.monotonic()
     try:
       done = fresh_process.run(args, legacy, _TIMEOUT, cwd=workdir)
@@ -157,7 +158,7 @@ def test_legacy_program_runs_unmodified(program, legacy_keras, program_runs):
   runs = program_runs[program.name, legacy_keras].result()
   keras = 'tf_keras' if legacy_keras else 'the default tf.keras'
   for i, run in enumerate(runs):
-    phase = ' (first run, under TF_USE_LEGACY_KERAS=1)' if (
+    phase = ' (the run that writes the checkpoint)' if (
         program.resumes and i == 0) else ''
     assert run.returncode == 0, (
         f'{program.name}{phase} under {keras} failed (exit '
