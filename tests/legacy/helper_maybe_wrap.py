@@ -5,7 +5,7 @@ their generic train step, as below; the user code only passes
 `use_fp16=True`. The first step overflows in float16 at 2**15 and is
 skipped, the next five apply.
 """
-# Runs after: compat.install(override=True)
+# Runs after: compat.install()
 # Keras: yes
 
 import json

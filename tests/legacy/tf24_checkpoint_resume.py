@@ -8,7 +8,7 @@ skipped; the second run must resume at 2**14 with two finite steps counted
 end elsewhere). Run it twice in one directory, e.g. first with TensorFlow
 2.15 or tf_keras, then with the TensorFlow to move to.
 """
-# Runs after: compat.install(override=True)
+# Runs after: compat.install()
 # Keras: yes
 # Resumes: yes
 

@@ -5,7 +5,7 @@
 functional model with a float32 output layer. The first step overflows in
 float16 at 2**15 and is skipped; the losses show it.
 """
-# Runs after: compat.install(override=True)
+# Runs after: compat.install()
 # Keras: yes
 
 import json

@@ -6,7 +6,7 @@ two finite steps in a row double it. The scale and the counter after each
 step are checked, in a `tf.function` with `jit_compile=True` as TF 2.5+
 allowed.
 """
-# Runs after: compat.install(override=True)
+# Runs after: compat.install()
 # Keras: yes
 
 import json

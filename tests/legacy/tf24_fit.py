@@ -7,7 +7,7 @@ steps since the last change. The first batch's float16 kernel gradient
 (-3 * 2**15) overflows: one of six steps is skipped, `iterations` counts
 all six.
 """
-# Runs after: compat.install(override=True)
+# Runs after: compat.install()
 # Keras: yes
 
 import json

@@ -3,7 +3,7 @@
 The scale never changes; the program checks the scaled loss, the unscaled
 gradient, the properties, and six applied eager steps.
 """
-# Runs after: compat.install(override=True)
+# Runs after: compat.install()
 # Keras: yes
 
 import json
