@@ -1,10 +1,10 @@
-"""The four front ends, driven the same way by tests of what they share.
+"""The five front ends, driven the same way by tests of what they share.
 
 `FRONT_ENDS` holds one `FrontEnd` per public form: the v1 wrapper around a
-`tf.compat.v1` optimizer, the Keras 3 form, and the experimental (TF 2.3)
-form around a Keras 3 and around a Keras 2 optimizer (tf_keras, or tf.keras
-on TensorFlow 2.15 and earlier). Each makes its inner
-optimizer, the wrapper with a dynamic scale, a variable, one step, and reads
+`tf.compat.v1` optimizer, the Keras 3 form, TF 2.4-2.15's form on Keras 3,
+and the experimental (TF 2.3) form around a Keras 3 and around a Keras 2
+optimizer (tf_keras, or tf.keras on TensorFlow 2.15 and earlier). Each makes
+its inner optimizer, the wrapper with a dynamic scale, a variable, one step, and reads
 back the scale, its good-step counter and the monitoring record, so a test
 can state one rule once and check it on every front end.
 """
@@ -40,6 +40,8 @@ class FrontEnd:
     needs: Where the front end exists (its Keras).
     scaled_gradients: Whether `apply` takes gradients of the scaled loss
       (the Keras 3 form) rather than unscaled ones.
+    keras_state: Whether the scale lives in Keras's variables
+      (`dynamic_scale`, `step_counter`) rather than in a `LossScale`.
   """
   name: str
   inner: Callable[[float], Any]
@@ -48,6 +50,7 @@ class FrontEnd:
   peer: Callable[[Any], Any]
   needs: versions.Condition
   scaled_gradients: bool = False
+  keras_state: bool = False
 
   def apply(self, opt: Any, grads: List[Any], variables: List[Any]) -> Any:
     """One step: the front end's own apply, in its own calling convention."""
@@ -63,7 +66,7 @@ class FrontEnd:
       opt.build(variables)
 
   def scale_tensor(self, opt: Any) -> tf.Tensor:
-    if self.scaled_gradients:
+    if self.keras_state:
       if not opt.built:
         return tf.constant(opt.initial_scale, tf.float32)
       return tf.convert_to_tensor(opt.dynamic_scale)
@@ -71,7 +74,7 @@ class FrontEnd:
 
   def state(self, opt: Any) -> dict:
     """The scale, its counter and the monitoring record, as Python values."""
-    if self.scaled_gradients:
+    if self.keras_state:
       counter, record = opt.step_counter, opt
     else:
       counter, record = opt.loss_scale.good_steps, opt.loss_scale
@@ -116,7 +119,20 @@ KERAS3 = FrontEnd(
     variable=_keras_variable,
     peer=lambda inner: keras.optimizers.LossScaleOptimizer(inner),
     needs=versions.KERAS_3,
-    scaled_gradients=True)
+    scaled_gradients=True,
+    keras_state=True)
+
+# TF 2.4-2.15's API on Keras 3, driven as its loops did (unscaled gradients).
+KERAS_MIXED_PRECISION = FrontEnd(
+    name='keras_mixed_precision',
+    inner=lambda lr: keras.optimizers.SGD(lr),
+    wrap=lambda inner, initial, period: (
+        tls_keras.mixed_precision.LossScaleOptimizer(
+            inner, initial_scale=initial, dynamic_growth_steps=period)),
+    variable=_keras_variable,
+    peer=lambda inner: keras.optimizers.LossScaleOptimizer(inner),
+    needs=versions.KERAS_3,
+    keras_state=True)
 
 EXPERIMENTAL_KERAS3 = FrontEnd(
     name='experimental_keras3',
@@ -139,11 +155,12 @@ EXPERIMENTAL_KERAS2 = FrontEnd(
         inner),
     needs=versions.KERAS_2)
 
-FRONT_ENDS = (V1, KERAS3, EXPERIMENTAL_KERAS3, EXPERIMENTAL_KERAS2)
+FRONT_ENDS = (V1, KERAS3, KERAS_MIXED_PRECISION, EXPERIMENTAL_KERAS3,
+              EXPERIMENTAL_KERAS2)
 
 
 def params(*front_ends: FrontEnd, on_replicas: bool = False) -> List[Any]:
-  """Test parameters for `front_ends` (all four by default).
+  """Test parameters for `front_ends` (all five by default).
 
   Args:
     *front_ends: The front ends to test.

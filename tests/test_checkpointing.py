@@ -73,10 +73,10 @@ def test_dynamic_loss_scale_checkpoints_hold_tensorflows_two_variables(
 def test_track_trackable_still_names_v1_optimizer_dependencies(tmp_path):
   assert hasattr(tf.compat.v1.train.Optimizer, '_track_trackable'), (
       'TensorFlow no longer has Trackable._track_trackable: '
-      'checkpointing.name_v1_dependencies must find another hook.')
+      'checkpointing.name_dependencies must find another hook.')
   loss_scale = tf_loss_scale.DynamicLossScale()
   wrapper = tf.compat.v1.train.GradientDescentOptimizer(1.0)
-  checkpointing.name_v1_dependencies(wrapper, loss_scale=loss_scale)
+  checkpointing.name_dependencies(wrapper, loss_scale=loss_scale)
   keys = _checkpoint_keys(tmp_path, optimizer=wrapper)
   assert 'optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/VARIABLE_VALUE' in keys
 

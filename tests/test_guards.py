@@ -31,6 +31,7 @@ import tf_loss_scale
 from tf_loss_scale import guards
 
 _ARGUMENT = {'v1': 'opt', 'keras3': 'inner_optimizer',
+             'keras_mixed_precision': 'inner_optimizer',
              'experimental_keras3': 'optimizer',
              'experimental_keras2': 'optimizer'}
 _WRAPPED_TWICE = ('^"{argument}" is already wrapped by a LossScaleOptimizer. '
@@ -181,8 +182,8 @@ def test_unsupported_strategies_are_refused_at_construction(
   expected = (_TPU if strategy_name == 'tpu' else
               _UNSUPPORTED.format(name=strategy_type.__name__))
   with pytest.raises(ValueError, match=expected):
-    if front_end.scaled_gradients:
-      tf_loss_scale.keras.LossScaleOptimizer(inner)
+    if front_end.keras_state:
+      front_end.wrap(inner, 2.0**15, 2000)
     elif front_end is front_ends.V1:
       tf_loss_scale.MixedPrecisionLossScaleOptimizer(inner, loss_scale)
     else:

@@ -31,7 +31,8 @@ NAN = float('nan')
 def _named_variable(front_end, name, value, dtype=np.float32):
   """A variable of the front end's family, and the name a report gives it."""
   value = np.asarray(value, dtype)
-  if front_end in (front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3):
+  if front_end in (front_ends.KERAS3, front_ends.KERAS_MIXED_PRECISION,
+                   front_ends.EXPERIMENTAL_KERAS3):
     return keras.Variable(value, name=name), name
   return tf.Variable(value, name=name), f'{name}:0'
 

@@ -54,18 +54,20 @@ class SavedModelOnlyChildren:
     return children
 
 
-def name_v1_dependencies(wrapper: Any, **children: Any) -> None:
-  """Names checkpoint dependencies of a `tf.compat.v1` optimizer wrapper.
+def name_dependencies(wrapper: Any, **children: Any) -> None:
+  """Names checkpoint dependencies of an optimizer wrapper.
 
   Hook: `Trackable._track_trackable(child, name)`. A
   `tf.compat.v1.train.Optimizer` tracks nothing on attribute assignment and
-  has no public way to name a dependency. Why: TensorFlow's own wrapper names
-  its dependencies `base_optimizer` and `loss_scale`, and checkpoints
-  interchange only if ours uses the same names.
-  `tests/test_checkpointing.py` fails if TensorFlow changes the hook.
+  has no public way to name a dependency, and a Keras 3 optimizer names a
+  dependency after its attribute. Why: TensorFlow's v1 wrapper names its
+  dependencies `base_optimizer` and `loss_scale`, tf_keras's Keras wrapper
+  names one `loss_scale`, and checkpoints interchange only if ours use the
+  same names. `tests/test_checkpointing.py` fails if TensorFlow changes the
+  hook.
 
   Args:
-    wrapper: The wrapper (a `tf.compat.v1.train.Optimizer`).
+    wrapper: The wrapper (a trackable optimizer).
     **children: The trackables to depend on, by dependency name.
   """
   for name, child in children.items():

@@ -50,6 +50,10 @@ def install(override: bool = False) -> None:
     `tf_keras.mixed_precision.experimental`), from `tf.compat.v1.keras`
     (except on TensorFlow 2.12, whose module there could not forget it
     again) and by `import`;
+  - on Keras 3, `tf.keras.mixed_precision.LossScaleOptimizer` (and
+    `keras.mixed_precision.LossScaleOptimizer`) is TF 2.4-2.15's class,
+    `tf_loss_scale.keras.mixed_precision.LossScaleOptimizer`; Keras itself
+    keeps using its own. With Keras 2 that name is TensorFlow's, left alone;
   - `tf.train.experimental` and `tf.mixed_precision.experimental` offer
     `LossScale`, `FixedLossScale` and `DynamicLossScale`.
   With `override=True`, the names TensorFlow still ships
@@ -64,6 +68,7 @@ def install(override: bool = False) -> None:
   if _installed or _installed_modules:
     return
   from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras import families  # pylint: disable=g-import-not-at-top
 
   mixed_precision = _keras_mixed_precision_modules()
   keras_experimental = _new_module(
@@ -74,6 +79,14 @@ def install(override: bool = False) -> None:
       global_policy=mixed_precision[0].global_policy)
   for namespace in mixed_precision:
     _attach_module(namespace, 'experimental', keras_experimental)
+  if families.is_keras3(tf.keras):
+    # TF 2.4-2.15's class where the name is Keras 3's (stateless); Keras's
+    # internals (`keras.optimizers`, `compile`) keep Keras's own.
+    from tf_loss_scale.keras import mixed_precision as tf24  # pylint: disable=g-import-not-at-top
+    for namespace in mixed_precision:
+      if hasattr(getattr(namespace, 'LossScaleOptimizer', None),
+                 'stateless_apply'):
+        _replace(namespace, 'LossScaleOptimizer', tf24.LossScaleOptimizer)
 
   loss_scales = {name: getattr(tf_loss_scale, name) for name in _LOSS_SCALE_NAMES}
   for name, value in loss_scales.items():

@@ -62,7 +62,7 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
     super().__init__(use_locking=False, name=opt.get_name())
     self._optimizer = opt
     self._loss_scale = loss_scale_lib.get(loss_scale)
-    checkpointing.name_v1_dependencies(self, base_optimizer=self._optimizer,
+    checkpointing.name_dependencies(self, base_optimizer=self._optimizer,
                                        loss_scale=self._loss_scale)
 
   @property

@@ -5,6 +5,10 @@ Public API:
     dynamic_growth_steps`), for `model.fit` and custom loops. Needs Keras 3
     (TensorFlow 2.16 or later); elsewhere importing it raises an ImportError
     that names the experimental form.
+  mixed_precision.LossScaleOptimizer: the TF 2.4-2.15 form
+    (`inner_optimizer, dynamic, initial_scale, dynamic_growth_steps`) with
+    `get_scaled_loss`/`get_unscaled_gradients`, on Keras 3 (where Keras 2
+    is, TensorFlow's own class is that form).
   experimental.LossScaleOptimizer: the TF 2.0-2.3 form
     (`optimizer, loss_scale`) with `get_scaled_loss`/`get_unscaled_gradients`,
     around the optimizers of every Keras (Keras 3, and Keras 2 legacy and
@@ -22,15 +26,16 @@ _lazy_getattr, __dir__ = _lazy.attributes(__name__, {
     'LossScaleOptimizer': (f'{__name__}.loss_scale_optimizer',
                            'LossScaleOptimizer'),
     'experimental': (f'{__name__}.experimental', None),
+    'mixed_precision': (f'{__name__}.mixed_precision', None),
 }, globals())
 
 
 def __getattr__(name: str) -> Any:  # pylint: disable=invalid-name
-  if name == 'LossScaleOptimizer':
+  if name in ('LossScaleOptimizer', 'mixed_precision'):
     # Without Keras 3, say what works instead of failing inside the module.
     importlib.import_module(f'{__name__}.families').require_keras3(
-        f'{__name__}.LossScaleOptimizer')
+        f'{__name__}.{name}')
   return _lazy_getattr(name)
 
 
-__all__ = ['LossScaleOptimizer', 'experimental']
+__all__ = ['LossScaleOptimizer', 'experimental', 'mixed_precision']

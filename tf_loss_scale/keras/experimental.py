@@ -45,6 +45,7 @@ from tf_loss_scale import precision
 from tf_loss_scale import step
 from tf_loss_scale import step_record
 from tf_loss_scale.keras import families
+from tf_loss_scale.keras import protocols
 
 LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
                           Dict[str, Any]]
@@ -101,7 +102,8 @@ def forwarded_names(inner_optimizer: Any,
   return hyperparameters | _TF23_FORWARDED | frozenset(inner_methods)
 
 
-class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
+class LossScaleOptimizer(protocols.TwoProtocols,
+                         checkpointing.DelegatesCheckpointToInner):
   """Loss scaling with TF 2.3's API, around any Keras optimizer.
 
   Custom loop (as in TF 2.3):
@@ -114,8 +116,8 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
   opt.apply_gradients(zip(grads, variables))
   ```
 
-  `apply_gradients` takes unscaled gradients and applies them only if every
-  gradient, summed across replicas, is finite; a skipped step changes no
+  `apply_gradients` applies the gradients only if every gradient, summed
+  across replicas, is finite; a skipped step changes no
   variable or slot, the loss scale updates either way, and `iterations`
   counts every call (a Keras 3 optimizer that accumulates gradients is left
   untouched by a skipped step instead). `minimize` takes the loss. In a TF1
@@ -129,11 +131,14 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
   checkpoints move between the wrapper and the bare inner optimizer in both
   directions.
 
-  Keras 2's `compile` keeps the wrapper as it is and its `fit` calls
-  `minimize`, which scales the loss once. Keras 3's `fit` cannot be used
-  with a Keras 3 inner optimizer: it passes gradients of `scale_loss` to
-  `apply_gradients`, which here takes unscaled ones (`scale_loss` says what
-  to use instead).
+  Which gradients `apply_gradients` takes follows one rule
+  (`tf_loss_scale.keras.protocols`): unscaled ones, as in TF 2.3, unless
+  `scale_loss` (Keras 3's protocol) was called on the optimizer; then the
+  gradients of the scaled loss, which it unscales. The first scaling method
+  called fixes the protocol: calling `get_scaled_loss` or
+  `get_unscaled_gradients` after `scale_loss`, or `scale_loss` after them,
+  raises a RuntimeError. Keras 2's `fit` calls `minimize` (TensorFlow's
+  protocol) and Keras 3's `fit` calls `scale_loss`: both work.
   """
 
   # Each family's class sets these.
@@ -245,34 +250,10 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
     """Sets the inner optimizer's variables from `get_weights()` values."""
     self.inner_optimizer.set_weights(weights)
 
-  # ---- scaling ----------------------------------------------------------
+  # ---- scaling (the two protocols: `protocols`) ----------------------------
 
-  def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:
-    """Multiplies a loss by the current loss scale.
-
-    Call it inside the `tf.GradientTape`, then differentiate the result and
-    pass the gradients through `get_unscaled_gradients`.
-
-    Args:
-      loss: A loss tensor (any float dtype: the scale is cast to it), or a
-        zero-argument callable returning one.
-
-    Returns:
-      The scaled loss, or for a callable a callable returning it.
-    """
-    return gradients.scale_loss(loss, self._loss_scale())
-
-  def get_unscaled_gradients(self, grads: Iterable[Any]) -> List[Any]:
-    """Divides gradients of a scaled loss by the current loss scale.
-
-    Args:
-      grads: A list of gradients; `None` entries and `tf.IndexedSlices`
-        are kept as they are (slices rescaled, still sparse).
-
-    Returns:
-      A new list of the same length, each gradient in its own dtype.
-    """
-    return list(gradients.unscale(list(grads), self._loss_scale()))
+  def _current_scale(self) -> tf.Tensor:
+    return self._loss_scale()
 
   def _unscaled_gradients_of(self, loss: Any, var_list: Any,
                              tape: Optional[tf.GradientTape],
@@ -365,7 +346,7 @@ class LossScaleOptimizer(checkpointing.DelegatesCheckpointToInner):
     distribute.require_replica_context(where)
     outcome = step.apply_step(
         grads, step.LossScaleState(self._loss_scale), apply_inner,
-        reduces=inner_sums, on_skip=lambda _: self._on_skipped_step(),
+        scaled=self._scaled_flags(grads, variables), reduces=inner_sums, on_skip=lambda _: self._on_skipped_step(),
         names=(None if variables is None else
                step_record.gradient_names(variables)))
     # Eagerly the step has run; in a tf.function its ops run in program

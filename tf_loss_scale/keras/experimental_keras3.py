@@ -22,7 +22,6 @@ import tensorflow as tf
 
 from tf_loss_scale import checkpointing
 from tf_loss_scale import distribute
-from tf_loss_scale import gradients
 from tf_loss_scale.keras import experimental
 from tf_loss_scale.keras import families
 from tf_loss_scale.keras import keras3_support
@@ -37,9 +36,10 @@ class LossScaleOptimizer(slots.SlotsByVariable,
                          keras.optimizers.LossScaleOptimizer):
   """`experimental.LossScaleOptimizer` around a Keras 3 optimizer.
 
-  Keras 3's `model.fit` cannot be used: it passes gradients of
-  `scale_loss` to `apply_gradients`, which here takes unscaled ones (see
-  `scale_loss`). Use `tf_loss_scale.keras.LossScaleOptimizer` there.
+  Keras 3's `model.fit` works: it calls `scale_loss`, after which `apply`
+  and `apply_gradients` take the gradients of the scaled loss (the rule in
+  `tf_loss_scale.keras.protocols`); TF 2.3's loops, which unscale them with
+  `get_unscaled_gradients`, work as before.
   """
 
   _keras = keras
@@ -100,11 +100,13 @@ class LossScaleOptimizer(slots.SlotsByVariable,
 
   def apply(self, grads: Sequence[Any],
             trainable_variables: Optional[Sequence[Any]] = None) -> None:
-    """Applies unscaled gradients if their sums are all finite.
+    """Applies the gradients if their sums are all finite.
 
-    Call it in a replica context (inside `strategy.run`, or with no
-    strategy). A skipped step changes no model or optimizer variable; the
-    loss scale is updated either way.
+    The gradients are unscaled ones, or after `scale_loss` those of the
+    scaled loss (`tf_loss_scale.keras.protocols`). Call it in a replica
+    context (inside `strategy.run`, or with no strategy). A skipped step
+    changes no model or optimizer variable; the loss scale is updated
+    either way.
 
     Args:
       grads: One gradient per variable (None allowed).
@@ -136,11 +138,12 @@ class LossScaleOptimizer(slots.SlotsByVariable,
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
                       name: Optional[str] = None,
                       experimental_aggregate_gradients: bool = True) -> Any:
-    """Applies unscaled gradients if their sums are all finite.
+    """Applies the gradients if their sums are all finite.
 
     Args:
-      grads_and_vars: `(gradient, variable)` pairs; gradients already
-        unscaled by `get_unscaled_gradients`.
+      grads_and_vars: `(gradient, variable)` pairs; gradients unscaled by
+        `get_unscaled_gradients`, or after `scale_loss` those of the scaled
+        loss (`tf_loss_scale.keras.protocols`).
       name: Optional name scope for the ops.
       experimental_aggregate_gradients: Must be True: Keras 3 optimizers
         always sum the gradients across replicas.
@@ -171,26 +174,6 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     if getattr(self.inner_optimizer, 'gradient_accumulation_steps', None):
       return None
     return super()._on_skipped_step()
-
-  def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
-    """Refused: Keras 3's protocol conflicts with TF 2.3's `apply_gradients`.
-
-    Keras 3's `model.fit` (and Keras 3 custom loops) call `scale_loss` and
-    then pass the gradients of the scaled loss to `apply_gradients`; this
-    class's `apply_gradients` takes unscaled gradients, as in TF 2.3, and
-    cannot tell the two apart. Refusing here, where the mix starts, is what
-    keeps both from silently taking a step `loss_scale` times too large.
-
-    Raises:
-      RuntimeError: Always, saying what to use instead.
-    """
-    raise RuntimeError(
-        'The experimental (TF 2.3) LossScaleOptimizer has no scale_loss(): '
-        'its apply_gradients() takes unscaled gradients. In a custom loop, '
-        'use get_scaled_loss() and get_unscaled_gradients() (or minimize()). '
-        'For Keras 3 model.fit, use tf_loss_scale.keras.LossScaleOptimizer('
-        'inner_optimizer, initial_scale, dynamic_growth_steps) instead, or a '
-        'Keras 2 optimizer with Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1).')
 
   def stateless_apply(self, optimizer_variables: Sequence[Any],
                       grads: Sequence[Any],

@@ -34,6 +34,7 @@ from tf_loss_scale import step
 from tf_loss_scale import step_record
 # First: refuses an unsupported Keras before anything subclasses Keras 3's.
 from tf_loss_scale.keras import keras3_support
+from tf_loss_scale.keras import protocols
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
@@ -249,10 +250,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     variables = list(trainable_variables or self._trainable_variables)
     grads = list(grads)
     step.apply_step(
-        grads, _KerasScale(self),
+        grads, self._scale_state(),
         lambda unscaled: self.inner_optimizer.apply(
             unscaled, trainable_variables=trainable_variables),
-        scaled=_scaled_flags(grads, variables),
+        scaled=self._scaled_flags(grads, variables),
         names=step_record.gradient_names(variables))
 
   def stateless_apply(
@@ -316,14 +317,22 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     scratch.load(trainable_variables, values[num_own:])
     grads = list(grads)
     outcome = step.apply_step(
-        grads, _KerasScale(self, values[scale_index], values[counter_index]),
-        scratch.apply, scaled=_scaled_flags(grads, model_variables))
+        grads, self._scale_state(values[scale_index], values[counter_index]),
+        scratch.apply, scaled=self._scaled_flags(grads, model_variables))
     values[scale_index], values[counter_index] = outcome.state
     # Read back once the step has run (or was skipped: then the scratch
     # variables still hold the values given).
     with tf.control_dependencies(step.graph_elements(outcome.applied)):
       new_model, new_inner = scratch.read()
     return new_model, values[:num_own] + new_inner
+
+  # Every gradient given to an apply is of the scaled loss.
+  _scaled_flags = staticmethod(protocols.scaled_flags)
+
+  def _scale_state(self, scale: Optional[tf.Tensor] = None,
+                   counter: Optional[tf.Tensor] = None) -> step.ScaleState:
+    """The step's view of the scale: the variables, or (stateless) values."""
+    return _KerasScale(self, scale, counter)
 
   @classmethod
   def from_config(cls, config: Dict[str, Any],
@@ -495,16 +504,6 @@ def _settings(config: Dict[str, Any]) -> Dict[str, Any]:
   if isinstance(config.get('learning_rate'), numbers.Real):
     config = {k: v for k, v in config.items() if k != 'learning_rate'}
   return config
-
-
-def _scaled_flags(grads: List[Any], variables: List[Any]) -> List[bool]:
-  # Variables Keras overwrites with their "gradient" (float8 scaling factors)
-  # receive values, not derivatives of the scaled loss.
-  if len(grads) != len(variables):
-    raise ValueError(
-        f'apply() got {len(grads)} gradients for {len(variables)} variables: '
-        'pass one gradient per trainable variable.')
-  return [not getattr(v, 'overwrite_with_gradient', False) for v in variables]
 
 
 def _index_of(variables: List[Any], wanted: Any) -> int:

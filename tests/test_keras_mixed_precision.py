@@ -1,0 +1,311 @@
+"""TF 2.4-2.15's `LossScaleOptimizer` on Keras 3, against tf_keras's class.
+
+tf_keras's `mixed_precision.LossScaleOptimizer` is that API as TensorFlow
+shipped it; each custom-loop test feeds both classes the same losses and
+compares weights and loss scale after every step. `model.fit` (Keras 3's
+protocol: `scale_loss`, then scaled gradients) is compared with Keras's own
+class. The step, skip report, guard and strategy tests shared by every front
+end run it too (`front_ends.KERAS_MIXED_PRECISION`).
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_loss_scale
+from tf_loss_scale import monitoring
+from tf_loss_scale.keras import mixed_precision
+import fresh_process
+import versions
+
+versions.KERAS_3.require()
+versions.TF_KERAS_INSTALLED.require()
+
+import tf_keras  # pylint: disable=g-import-not-at-top,wrong-import-order
+
+INF = float('inf')
+# Per step, what the loss multiplies each weight by. In float16, 2 and 4 at
+# a scale of 2**15 overflow the scaled gradient; inf overflows any scale.
+_DYNAMIC_STEPS = [1.0, 2.0, 1.0, 0.5, 0.5, 1.0, 4.0, 0.25]
+_FIXED_STEPS = [1.0, 0.5, 1.0, INF]
+
+
+def _custom_loop_step(opt, var, dtype):
+  """TF 2.4-2.15's custom loop step, on a loss of `var * factor`."""
+
+  def step(factor):
+    with tf.GradientTape() as tape:
+      loss = opt.get_scaled_loss(tf.reduce_sum(var * tf.cast(factor, dtype)))
+    grads = opt.get_unscaled_gradients(tape.gradient(loss, [var]))
+    opt.apply_gradients(zip(grads, [var]))
+
+  return step
+
+
+def _train_pair(dtype, factors, mode, **options):
+  """Trains ours and tf_keras's on the same losses; the trajectories."""
+  ours = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.125),
+                                            **options)
+  theirs = tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.SGD(0.125), **options)
+  start = np.array([1.0, -2.0], dtype)
+  runs = [(ours, keras.Variable(start, dtype=dtype)),
+          (theirs, tf.Variable(start))]
+  trajectories = []
+  for opt, var in runs:
+    step = _custom_loop_step(opt, var, dtype)
+    if mode != 'eager':
+      step = tf.function(step, jit_compile=(mode == 'jit'))
+    trajectory = []
+    for factor in factors:
+      step(tf.constant(factor))
+      trajectory.append((np.asarray(var.numpy(), np.float32).tolist(),
+                         float(opt.loss_scale)))
+    trajectories.append(trajectory)
+  return trajectories
+
+
+@pytest.mark.parametrize('dtype,mode', [
+    ('float32', 'eager'), ('float32', 'function'), ('float32', 'jit'),
+    # Not float16 in a plain tf.function: there TensorFlow's graph optimizer
+    # folds tf_keras's scale and reciprocal together, so its gradients of 2
+    # and 4 do not overflow as they do eagerly and under XLA.
+    ('float16', 'eager'), ('float16', 'jit')])
+def test_dynamic_scale_matches_tf_keras_step_for_step(dtype, mode):
+  ours, theirs = _train_pair(dtype, _DYNAMIC_STEPS, mode,
+                             dynamic_growth_steps=2)
+  assert ours == theirs
+  if dtype == 'float16':
+    # Two overflows skipped (scale halved), growth after two finite steps.
+    assert [s for _, s in ours] == [32768.0, 16384.0, 16384.0, 32768.0,
+                                    32768.0, 65536.0, 32768.0, 32768.0]
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit'])
+def test_fixed_scale_matches_tf_keras_and_applies_non_finite_steps(mode):
+  ours, theirs = _train_pair('float32', _FIXED_STEPS, mode, dynamic=False,
+                             initial_scale=64)
+  np.testing.assert_array_equal(np.array([w for w, _ in ours]),
+                                np.array([w for w, _ in theirs]))
+  assert [s for _, s in ours] == [64.0] * 4
+  assert ours[3][0] == [-INF, -INF]  # Applied, as tf_keras's fixed scale.
+
+
+def test_arguments_defaults_and_properties_are_tf_24s():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+  assert (opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps) == (
+      True, 2.0**15, 2000)
+  assert float(opt.loss_scale) == 2.0**15
+  opt.build([keras.Variable(1.0)])
+  assert int(opt.dynamic_counter.numpy()) == 0
+  opt.learning_rate = 0.25
+  assert float(opt.inner_optimizer.learning_rate.numpy()) == 0.25
+  fixed = mixed_precision.LossScaleOptimizer(
+      keras.optimizers.SGD(0.5), dynamic=False, initial_scale=8)
+  assert (fixed.dynamic, fixed.dynamic_growth_steps,
+          fixed.dynamic_counter) == (False, None, None)
+  with pytest.raises(ValueError, match='initial_scale must be given'):
+    mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5),
+                                       dynamic=False)
+  with pytest.raises(ValueError, match='dynamic_growth_steps must be None'):
+    mixed_precision.LossScaleOptimizer(
+        keras.optimizers.SGD(0.5), dynamic=False, initial_scale=8,
+        dynamic_growth_steps=10)
+  with pytest.raises(TypeError, match="dynamic must be True or False, but "
+                     "got 'dynamic'"):
+    mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5), 'dynamic')
+
+
+def _fit(make_optimizer, steps=4):
+  keras.utils.set_random_seed(1)
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  opt = make_optimizer(keras.optimizers.SGD(0.01))
+  model.compile(opt, 'mse')
+  x = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
+  y = np.array([[1e4, 0.0]] * 4, np.float32)  # Gradients overflow scaled.
+  model.fit(x, y, batch_size=4, epochs=steps, verbose=0)
+  return model, opt
+
+
+def test_fit_takes_scaled_gradients_as_keras_does():
+  expected, keras_opt = _fit(keras.optimizers.LossScaleOptimizer)
+  for make in (mixed_precision.LossScaleOptimizer,
+               lambda inner: tf_loss_scale.keras.experimental
+               .LossScaleOptimizer(inner, 'dynamic')):
+    model, opt = _fit(make)
+    assert model.optimizer is opt  # compile kept it.
+    for ours, theirs in zip(model.get_weights(), expected.get_weights()):
+      np.testing.assert_array_equal(ours, theirs)
+    scale = (opt.loss_scale() if callable(opt.loss_scale) else
+             opt.loss_scale)
+    assert float(scale) == float(keras_opt.dynamic_scale.numpy())
+  assert int(keras_opt.iterations.numpy()) == 4  # Some steps were applied.
+
+
+@pytest.mark.parametrize('form', ['mixed_precision', 'experimental'])
+def test_mixing_the_protocols_is_refused_where_it_happens(form):
+  var = keras.Variable(np.float32(1.0))
+  if form == 'mixed_precision':
+    opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+                                             initial_scale=4)
+  else:
+    opt = tf_loss_scale.keras.experimental.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0), 4)
+  with tf.GradientTape() as tape:
+    loss = opt.scale_loss(var * 3.0)
+  grads = tape.gradient(loss, [var])
+  with pytest.raises(RuntimeError, match='get_unscaled_gradients.. cannot '
+                     'be used .* scale_loss'):
+    opt.get_unscaled_gradients(grads)
+  with pytest.raises(RuntimeError, match='get_scaled_loss'):
+    opt.get_scaled_loss(var * 3.0)
+  # Keras 3's protocol stays: two applies both unscale (never twice).
+  opt.apply_gradients(zip(grads, [var]))
+  opt.apply_gradients(zip(grads, [var]))
+  assert float(var.numpy()) == 1.0 - 3.0 - 3.0
+
+
+def _mirrored_step(strategy, opt, var):
+  """A step in which, when poisoned, replica 1's gradients are inf."""
+  step = _custom_loop_step(opt, var, 'float32')
+
+  def replica_step(poison):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    step(tf.where(tf.logical_and(poison, tf.equal(replica, 1)), INF, 1.0))
+
+  return lambda poison: strategy.run(replica_step, (poison,))
+
+
+def test_one_replica_overflowing_skips_every_replica_as_tf_keras(
+    mirrored_strategy):
+  results = []
+  for ours in (True, False):
+    with mirrored_strategy.scope():
+      if ours:
+        opt = mixed_precision.LossScaleOptimizer(
+            keras.optimizers.SGD(0.5), initial_scale=8)
+        var = keras.Variable(np.array([1.0, 2.0], np.float32))
+      else:
+        opt = tf_keras.mixed_precision.LossScaleOptimizer(
+            tf_keras.optimizers.SGD(0.5), initial_scale=8)
+        var = tf.Variable(np.array([1.0, 2.0], np.float32))
+
+    train = _mirrored_step(mirrored_strategy, opt, var)
+
+    trajectory = []
+    for poison in (False, True, False):
+      train(tf.constant(poison))
+      trajectory.append(
+          ([np.asarray(v).tolist() for v in
+            mirrored_strategy.experimental_local_results(
+                var.value if isinstance(var, keras.Variable) else var)],
+           float(opt.loss_scale)))
+    results.append(trajectory)
+  assert results[0] == results[1]
+  assert [s for _, s in results[0]] == [8.0, 4.0, 4.0]
+  # Step 2 skipped everywhere; steps 1 and 3 apply the two replicas' sum.
+  assert [w for w, _ in results[0]] == [[[0.0, 1.0]] * 2, [[0.0, 1.0]] * 2,
+                                       [[-1.0, 0.0]] * 2]
+
+
+def test_a_skipped_step_is_reported():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5),
+                                           initial_scale=8)
+  var = keras.Variable(np.array([1.0, 2.0], np.float32), name='w')
+  opt.apply_gradients([(tf.constant([1.0, -INF]), var)])
+  assert monitoring.last_skip(opt) == monitoring.SkipReport(
+      step=0, loss_scale=8.0, nan=(), inf=('w',), cause='overflow')
+  assert int(opt.skipped_steps) == 1
+
+
+def _unnamed(config):
+  inner = dict(config['inner_optimizer'])
+  inner['config'] = dict(inner['config'], name=None)
+  return dict(config, inner_optimizer=inner)
+
+
+@pytest.mark.parametrize('options', [
+    {}, {'dynamic': False, 'initial_scale': 64.0},
+    {'initial_scale': 256.0, 'dynamic_growth_steps': 7}])
+def test_config_round_trips_and_tf_keras_configs_load(options):
+  inner = keras.optimizers.SGD(0.25, momentum=0.5)
+  opt = mixed_precision.LossScaleOptimizer(inner, **options)
+  theirs = tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.SGD(0.25, momentum=0.5), **options)
+  own_keys = ('dynamic', 'initial_scale', 'dynamic_growth_steps')
+  assert {k: opt.get_config()[k] for k in own_keys} == {
+      k: theirs.get_config()[k] for k in own_keys}
+  for config in (opt.get_config(), theirs.get_config()):
+    copy = json.loads(json.dumps(config))
+    restored = mixed_precision.LossScaleOptimizer.from_config(copy)
+    assert copy == json.loads(json.dumps(config))  # Not modified.
+    assert _unnamed(restored.get_config()) == _unnamed(opt.get_config())
+  assert keras.optimizers.deserialize(
+      keras.optimizers.serialize(opt)).get_config() == opt.get_config()
+
+
+_TF_KERAS_CHECKPOINT = '''
+import sys, json
+import numpy as np, tensorflow as tf, tf_keras
+path, mode = sys.argv[1], sys.argv[2]
+opt = tf_keras.mixed_precision.LossScaleOptimizer(
+    tf_keras.optimizers.SGD(0.5), initial_scale=64, dynamic_growth_steps=3)
+var = tf.Variable([1.0])
+opt.build([var])
+checkpoint = tf.train.Checkpoint(optimizer=opt)
+if mode == 'write':
+  for g in (float('inf'), 1.0):  # Scale 32, counter 1.
+    opt.apply_gradients([(tf.constant([g]), var)])
+  checkpoint.write(path)
+else:
+  checkpoint.read(path).expect_partial()
+print(json.dumps([float(opt.loss_scale), int(opt.dynamic_counter.numpy())]))
+'''
+
+
+def test_checkpoints_move_between_tf_keras_and_this_class(tmp_path):
+  theirs = str(tmp_path / 'theirs')
+  assert fresh_process.run_json(['-c', _TF_KERAS_CHECKPOINT, theirs, 'write'],
+                                legacy_keras=True) == [32.0, 1]
+  for build_first in (True, False):
+    opt = mixed_precision.LossScaleOptimizer(
+        keras.optimizers.SGD(0.5), initial_scale=64, dynamic_growth_steps=3)
+    var = keras.Variable(np.array([1.0], np.float32))
+    if build_first:
+      opt.build([var])
+    tf.train.Checkpoint(optimizer=opt).read(theirs)
+    if not build_first:
+      opt.build([var])  # Restores what the checkpoint holds for it.
+    assert float(opt.loss_scale) == 32.0
+    assert int(opt.dynamic_counter.numpy()) == 1
+  # One more finite step: the counter reaches 3 only after two more.
+  opt.apply_gradients([(tf.constant([1.0]), var)])
+  assert (float(opt.loss_scale), int(opt.dynamic_counter.numpy())) == (32.0, 2)
+  ours = str(tmp_path / 'ours')
+  tf.train.Checkpoint(optimizer=opt).write(ours)
+  assert fresh_process.run_json(['-c', _TF_KERAS_CHECKPOINT, ours, 'read'],
+                                legacy_keras=True) == [32.0, 2]
+
+
+_INSTALL = '''
+import json, keras, tensorflow as tf
+import tf_loss_scale.compat
+before = tf.keras.mixed_precision.LossScaleOptimizer
+tf_loss_scale.compat.install()
+from tf_loss_scale.keras import mixed_precision
+installed = [tf.keras.mixed_precision.LossScaleOptimizer is
+             mixed_precision.LossScaleOptimizer,
+             keras.mixed_precision.LossScaleOptimizer is
+             mixed_precision.LossScaleOptimizer,
+             keras.optimizers.LossScaleOptimizer is before]
+tf_loss_scale.compat.uninstall()
+print(json.dumps(installed + [
+    tf.keras.mixed_precision.LossScaleOptimizer is before]))
+'''
+
+
+def test_install_maps_the_keras_3_name_and_leaves_keras_its_own():
+  assert fresh_process.run_json(['-c', _INSTALL]) == [True, True, True, True]

@@ -1,0 +1,216 @@
+"""`LossScaleOptimizer`: TF 2.4-2.15's Keras API on Keras 3.
+
+`LossScaleOptimizer(inner_optimizer, dynamic=True, initial_scale=None,
+dynamic_growth_steps=None)` with `get_scaled_loss` and
+`get_unscaled_gradients`, as `tf.keras.mixed_precision` had it from
+TensorFlow 2.4 to 2.15, for the custom loops written then, on TensorFlow
+2.16 and later where `tf.keras` is Keras 3. Needs Keras 3: with Keras 2
+(TensorFlow <= 2.15, or `tf_keras`) TensorFlow's own class is there.
+
+It subclasses the library's Keras 3 form (`tf_loss_scale.keras.
+LossScaleOptimizer`), so Keras 3's `compile` keeps it as it is, and its
+step, variables and stateless path are that form's.
+"""
+
+from typing import Any, Dict, Optional
+
+import keras
+import tensorflow as tf
+
+from tf_loss_scale import checkpointing
+from tf_loss_scale import step
+from tf_loss_scale.keras import loss_scale_optimizer
+from tf_loss_scale.keras import protocols
+
+# TF 2.4-2.15's defaults for a dynamic scale.
+_INITIAL_SCALE = 2.0**15
+_GROWTH_STEPS = 2000
+# Settings of Keras 2 optimizers that Keras 3's do not take, found in the
+# configs of tf_keras's class: their values do nothing in Keras 3.
+_KERAS2_ONLY_SETTINGS = ('jit_compile', 'is_legacy_optimizer')
+
+
+@keras.saving.register_keras_serializable(
+    package='tf_loss_scale.mixed_precision', name='LossScaleOptimizer')
+class LossScaleOptimizer(protocols.TwoProtocols,
+                         loss_scale_optimizer.LossScaleOptimizer):
+  """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
+
+  Custom loop, as written for TF 2.4-2.15:
+
+  ```python
+  opt = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+  with tf.GradientTape() as tape:
+    scaled_loss = opt.get_scaled_loss(loss_fn())
+  grads = opt.get_unscaled_gradients(tape.gradient(scaled_loss, variables))
+  opt.apply_gradients(zip(grads, variables))
+  ```
+
+  Which gradients `apply_gradients` (and `apply`) take follows one rule
+  (`tf_loss_scale.keras.protocols`): unscaled ones, as in TF 2.4-2.15,
+  unless `scale_loss` (Keras 3's protocol, which `model.fit` uses) was
+  called on the optimizer; then the gradients of the scaled loss, which it
+  unscales. The first scaling method called fixes the protocol: mixing
+  them raises a RuntimeError where it happens.
+
+  Dynamic (the default): a step whose gradients are not all finite is
+  skipped and halves the scale (never below 1); `dynamic_growth_steps`
+  finite steps in a row double it. Fixed (`dynamic=False`): the scale
+  never changes and every step is applied, even one whose gradients hold
+  an inf or a NaN, as TF 2.4-2.15's fixed scale did: the weights take the
+  non-finite values.
+
+  `learning_rate` and `iterations` are the inner optimizer's. The config
+  has TF 2.4-2.15's keys (a config of tf_keras's class loads), and a
+  `tf.train.Checkpoint` holds the dynamic scale and its counter where
+  tf_keras's class keeps them (`loss_scale/current_loss_scale` and
+  `loss_scale/good_steps`), so checkpoints of either class restore the
+  scale into the other. Everything else (`scale_loss`, `stateless_apply`,
+  the skip report, distribution) is `tf_loss_scale.keras.
+  LossScaleOptimizer`'s.
+  """
+
+  def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
+               dynamic: bool = True, initial_scale: Optional[float] = None,
+               dynamic_growth_steps: Optional[int] = None):
+    """Wraps `inner_optimizer`.
+
+    Args:
+      inner_optimizer: The Keras 3 optimizer that applies the gradients.
+      dynamic: Whether the scale adapts (True) or stays `initial_scale`.
+      initial_scale: The first scale, a finite positive number: 2**15 by
+        default when `dynamic`, required otherwise.
+      dynamic_growth_steps: Finite steps in a row after which a dynamic
+        scale doubles: 2000 by default; must be None when not `dynamic`.
+
+    Raises:
+      TypeError: If `dynamic` is not a bool, or as
+        `tf_loss_scale.keras.LossScaleOptimizer` does.
+      ValueError: For `dynamic=False` without `initial_scale` or with
+        `dynamic_growth_steps`, or as `tf_loss_scale.keras.
+        LossScaleOptimizer` does.
+    """
+    if not isinstance(dynamic, bool):
+      raise TypeError(
+          f'dynamic must be True or False, but got {dynamic!r}. (The TF '
+          '2.0-2.3 form took a loss scale as its second argument: use '
+          'tf_loss_scale.keras.experimental.LossScaleOptimizer for that.)')
+    if not dynamic and initial_scale is None:
+      raise ValueError('initial_scale must be given when dynamic=False: it '
+                       'is the fixed loss scale.')
+    if not dynamic and dynamic_growth_steps is not None:
+      raise ValueError(
+          'dynamic_growth_steps must be None when dynamic=False (a fixed '
+          f'scale never grows), but got {dynamic_growth_steps!r}.')
+    # Set past Keras's attribute tracking, before Keras's `__init__` sets
+    # `dynamic_growth_steps`.
+    object.__setattr__(self, '_dynamic', dynamic)
+    super().__init__(
+        inner_optimizer,
+        _INITIAL_SCALE if initial_scale is None else initial_scale,
+        dynamic_growth_steps or _GROWTH_STEPS)
+    if dynamic:
+      # tf_keras's checkpoint layout, as a second path to the same variables.
+      object.__setattr__(self, '_tf_keras_layout', tf.Module())
+      checkpointing.name_dependencies(self, loss_scale=self._tf_keras_layout)
+
+  def build(self, var_list: Any) -> None:
+    """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`.
+
+    Args:
+      var_list: The trainable variables this optimizer will update.
+    """
+    super().build(var_list)
+    if self._dynamic:
+      # Assigning tracks them, and restores what a checkpoint holds for them.
+      self._tf_keras_layout.current_loss_scale = self.dynamic_scale
+      self._tf_keras_layout.good_steps = self.step_counter
+
+  @property
+  def dynamic(self) -> bool:
+    """Whether the loss scale is dynamic."""
+    return self._dynamic
+
+  @property
+  def dynamic_growth_steps(self) -> Optional[int]:
+    """Finite steps after which a dynamic scale doubles; None when fixed."""
+    return self._growth_steps if self._dynamic else None
+
+  @dynamic_growth_steps.setter
+  def dynamic_growth_steps(self, value: int) -> None:
+    self._growth_steps = value
+
+  @property
+  def loss_scale(self) -> tf.Tensor:
+    """The current loss scale, a float32 scalar tensor."""
+    return self._current_scale()
+
+  @property
+  def dynamic_counter(self) -> Optional[Any]:
+    """Finite steps since the scale last changed (a variable once built).
+
+    None for a fixed scale, and before the optimizer is built.
+    """
+    return self.step_counter if self._dynamic and self.built else None
+
+  def _current_scale(self) -> tf.Tensor:
+    if self.built:
+      return tf.convert_to_tensor(self.dynamic_scale)
+    return tf.constant(self.initial_scale, tf.float32)
+
+  def _scale_state(self, scale: Optional[tf.Tensor] = None,
+                   counter: Optional[tf.Tensor] = None) -> step.ScaleState:
+    if self._dynamic:
+      return super()._scale_state(scale, counter)
+    return _FixedScale(self._current_scale() if scale is None else scale,
+                       None if scale is None else (scale, counter))
+
+  def get_config(self) -> Dict[str, Any]:
+    """TF 2.4-2.15's config: the inner optimizer and the three arguments."""
+    return {
+        'inner_optimizer': keras.optimizers.serialize(self.inner_optimizer),
+        'dynamic': self.dynamic,
+        'initial_scale': self.initial_scale,
+        'dynamic_growth_steps': self.dynamic_growth_steps,
+    }
+
+  @classmethod
+  def from_config(cls, config: Dict[str, Any],
+                  custom_objects: Optional[Dict[str, Any]] = None
+                 ) -> 'LossScaleOptimizer':
+    """Recreates the optimizer (without its state) from a config.
+
+    Args:
+      config: The output of `get_config` of this class or of tf_keras's
+        (whose inner optimizer is made as the Keras 3 optimizer of the same
+        name; the dict is not modified).
+      custom_objects: Names to classes, for a custom inner optimizer.
+
+    Returns:
+      A new, unbuilt `LossScaleOptimizer`.
+    """
+    config = dict(config)
+    inner = config.pop('inner_optimizer')
+    if isinstance(inner, dict):
+      inner = dict(inner, config={
+          k: v for k, v in inner.get('config', {}).items()
+          if k not in _KERAS2_ONLY_SETTINGS})
+      inner = keras.optimizers.deserialize(inner,
+                                           custom_objects=custom_objects)
+    return cls(inner, **config)
+
+
+class _FixedScale(step.ScaleState):
+  """A fixed scale for the step: every step is applied, nothing moves."""
+
+  def __init__(self, scale: tf.Tensor, values: Optional[Any]):
+    self._scale, self._values = scale, values
+
+  def scale(self) -> tf.Tensor:
+    return self._scale
+
+  def decide(self, grads: Any, all_finite: Any) -> step.Decision:
+    return step.Decision(tf.constant(True))
+
+  def advance(self, verdict: Any, after: Any) -> Any:
+    return self._values  # Stateless: the values given, unchanged.

@@ -1,0 +1,136 @@
+"""Which gradients `apply_gradients` takes: one rule for two protocols.
+
+Two protocols train with the same Keras optimizer methods:
+
+- Keras 3's (its `model.fit`, and loops written for Keras 3): `scale_loss`,
+  then `apply_gradients` or `apply` with the gradients of the scaled loss.
+- TensorFlow's (loops written for TF 2.0-2.15, and `minimize`):
+  `get_scaled_loss`, `get_unscaled_gradients`, then `apply_gradients` with
+  the unscaled gradients.
+
+The rule: an optimizer follows the protocol of the first scaling method
+called on it, for the rest of its life. After `scale_loss`, every apply
+divides the gradients by the scale; after `get_scaled_loss` or
+`get_unscaled_gradients`, or before any of them, applies take gradients as
+they are. A method of the other protocol raises where it is called, so
+gradients are never divided twice and scaled gradients are never applied.
+Nothing is consumed by a call, so extra calls (two applies for two groups
+of variables, a loss scaled twice for logging) change nothing. The choice
+is made in Python, when a `tf.function` is traced, which is the same on
+every replica.
+"""
+
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+
+from tf_loss_scale import gradients
+
+_KERAS3 = 'scale_loss'
+_TENSORFLOW = 'get_scaled_loss/get_unscaled_gradients'
+
+
+def scaled_flags(grads: Sequence[Any],
+                 variables: Optional[Sequence[Any]]) -> List[bool]:
+  """Marks the gradients of a scaled loss, for `step.apply_step`'s `scaled`.
+
+  Args:
+    grads: One gradient per variable.
+    variables: The variables, or None to mark every gradient.
+
+  Returns:
+    One bool per gradient: False for variables Keras overwrites with their
+    "gradient" (float8 scaling factors receive values, not derivatives).
+
+  Raises:
+    ValueError: If `grads` and `variables` differ in length.
+  """
+  if variables is None:
+    return [True] * len(grads)
+  if len(grads) != len(variables):
+    raise ValueError(
+        f'apply() got {len(grads)} gradients for {len(variables)} variables: '
+        'pass one gradient per trainable variable.')
+  return [not getattr(v, 'overwrite_with_gradient', False) for v in variables]
+
+
+class TwoProtocols:
+  """Keras 3's and TensorFlow's protocols on one optimizer (module rule).
+
+  A subclass gives `_current_scale()` and passes `_scaled_flags(grads,
+  variables)` to `step.apply_step` as `scaled`.
+  """
+
+  _protocol = None  # Set on the instance by its first scaling call.
+
+  def _current_scale(self) -> tf.Tensor:
+    """The loss scale now, a float32 scalar tensor."""
+    raise NotImplementedError
+
+  def _follow(self, protocol: str, method: str) -> None:
+    if self._protocol is None:
+      self._protocol = protocol
+    elif self._protocol != protocol:
+      raise RuntimeError(
+          f'{type(self).__name__}.{method}() cannot be used on an optimizer '
+          f'that already follows the {self._protocol} protocol: with '
+          'scale_loss() (as Keras 3\'s model.fit calls it) apply_gradients() '
+          'takes the gradients of the scaled loss and unscales them; with '
+          'get_scaled_loss() and get_unscaled_gradients() it takes unscaled '
+          'ones. Use one protocol per optimizer (a new LossScaleOptimizer for '
+          'the other).')
+
+  def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    """Multiplies a loss by the scale; applies then take its gradients.
+
+    Keras 3's protocol: pass the gradients of the result to
+    `apply_gradients` or `apply` as they are (they are unscaled there).
+
+    Args:
+      loss: A loss tensor (the scale is cast to its dtype), or a
+        zero-argument callable returning one.
+
+    Returns:
+      The scaled loss, or for a callable a callable returning it.
+
+    Raises:
+      RuntimeError: If `get_scaled_loss` or `get_unscaled_gradients` was
+        called on this optimizer.
+    """
+    self._follow(_KERAS3, 'scale_loss')
+    return gradients.scale_loss(loss, self._current_scale())
+
+  def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    """Multiplies a loss (tensor or callable) by the current loss scale.
+
+    TensorFlow's protocol: differentiate the result, pass the gradients
+    through `get_unscaled_gradients`, then to `apply_gradients`. Takes and
+    returns what `scale_loss` does.
+
+    Raises:
+      RuntimeError: If `scale_loss` was called on this optimizer.
+    """
+    self._follow(_TENSORFLOW, 'get_scaled_loss')
+    return gradients.scale_loss(loss, self._current_scale())
+
+  def get_unscaled_gradients(self, grads: Sequence[Any]) -> List[Any]:
+    """Divides gradients of a scaled loss by the current loss scale.
+
+    Args:
+      grads: A list of gradients; `None` entries and `tf.IndexedSlices` are
+        kept as they are (slices rescaled, still sparse).
+
+    Returns:
+      A new list of the same length, each gradient in its own dtype.
+
+    Raises:
+      RuntimeError: If `scale_loss` was called on this optimizer.
+    """
+    self._follow(_TENSORFLOW, 'get_unscaled_gradients')
+    return list(gradients.unscale(list(grads), self._current_scale()))
+
+  def _scaled_flags(self, grads: Sequence[Any],
+                    variables: Optional[Sequence[Any]]) -> Optional[List[bool]]:
+    """`step.apply_step`'s `scaled`: None unless `scale_loss` was called."""
+    flags = scaled_flags(grads, variables)
+    return flags if self._protocol == _KERAS3 else None
