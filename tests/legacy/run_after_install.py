@@ -65,7 +65,14 @@ def _summary(script: str, script_globals: Dict[str, Any]) -> Dict[str, Any]:
       'compiled_optimizer_is_optimizer': model.optimizer is optimizer,
       'fit_losses': script_globals['history'].history['loss'],
       'global_policy': policy.name,
-      'policy_package': type(policy).__module__.split('.')[0],
+      # The Keras whose policy it is (TF 2.3's Policy subclasses it).
+      'policy_package': next(
+          c for c in type(policy).__mro__
+          if not c.__module__.startswith('tf_loss_scale')
+      ).__module__.split('.')[0],
+      'compiled_with_policy_loss_scale': (
+          getattr(model.optimizer, 'loss_scale', None) is
+          getattr(policy, 'loss_scale', False)),
       'layer_policies': [layer.dtype_policy.name for layer in model.layers
                          if layer.weights],
       'output_dtype': tf.as_dtype(model.outputs[0].dtype).name,

@@ -40,6 +40,7 @@ from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
 from tf_loss_scale import guards
+from tf_loss_scale import lazy
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import step
@@ -439,3 +440,8 @@ def _register_for_loaded_keras2() -> None:
 
 
 _register_for_loaded_keras2()
+
+# TF 2.3's policy names, imported on first use (they need Keras).
+POLICY_NAMES = ('Policy', 'set_policy', 'global_policy', 'get_layer_policy')
+__getattr__, __dir__ = lazy.attributes(__name__, {
+    name: (f'{__name__}_policy', name) for name in POLICY_NAMES}, globals())
