@@ -27,13 +27,13 @@ loss_object = keras.losses.MeanSquaredError()
 
 @tf.function
 def train_step(x, y):
+  variables = model.trainable_variables
   with tf.GradientTape() as tape:
-    predictions = model(x)
-    loss = loss_object(y, predictions)
+    loss = loss_object(y, model(x, training=True))
     scaled_loss = optimizer.get_scaled_loss(loss)
-  scaled_gradients = tape.gradient(scaled_loss, model.trainable_variables)
-  gradients = optimizer.get_unscaled_gradients(scaled_gradients)
-  optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+  gradients = optimizer.get_unscaled_gradients(
+      tape.gradient(scaled_loss, variables))
+  optimizer.apply_gradients(zip(gradients, variables))
   return loss
 
 

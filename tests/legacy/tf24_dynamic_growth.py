@@ -23,10 +23,9 @@ w = tf.Variable([[0.0]])
 @tf.function(jit_compile=True)
 def train_step(x):
   with tf.GradientTape() as tape:
-    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.5))
-    scaled_loss = opt.get_scaled_loss(loss)
-  grads = opt.get_unscaled_gradients(tape.gradient(scaled_loss, [w]))
-  opt.apply_gradients(zip(grads, [w]))
+    scaled_loss = opt.get_scaled_loss(tf.reduce_mean((x @ w - 1.5) ** 2))
+  (grad,) = opt.get_unscaled_gradients(tape.gradient(scaled_loss, [w]))
+  opt.apply_gradients([(grad, w)])
 
 
 history = []
