@@ -1,4 +1,4 @@
-"""The private TensorFlow hooks in tf_loss_scale/checkpointing.py still work.
+"""The private TensorFlow hooks in tf_loss_scale/private_api.py still work.
 
 Each hook is TensorFlow's, not public, and may change with a release: these
 tests fail, saying which hook moved, before checkpoints silently stop
@@ -10,7 +10,7 @@ import inspect
 import tensorflow as tf
 
 import tf_loss_scale
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 
 
 def _checkpoint_keys(tmp_path, **objects):
@@ -22,7 +22,7 @@ def test_trackable_children_is_still_tensorflows_per_save_type_hook():
   hook = getattr(tf.Module, '_trackable_children', None)
   assert hook is not None, (
       'TensorFlow no longer has Trackable._trackable_children: '
-      'checkpointing.SavedModelOnlyChildren must find another hook.')
+      'private_api.SavedModelOnlyChildren must find another hook.')
   parameter = list(inspect.signature(hook).parameters.values())[1]
   assert (parameter.name, parameter.default) == ('save_type', 'checkpoint'), (
       'Trackable._trackable_children changed its save_type parameter: '
@@ -37,7 +37,7 @@ def test_a_saved_model_tracks_the_record_and_a_checkpoint_does_not(tmp_path):
     def __init__(self):
       self.record = tf.Variable(3.0)
 
-  class Spy(checkpointing.SavedModelOnlyChildren, tf.Module):
+  class Spy(private_api.SavedModelOnlyChildren, tf.Module):
 
     def __init__(self):
       super().__init__()
@@ -73,10 +73,10 @@ def test_dynamic_loss_scale_checkpoints_hold_tensorflows_two_variables(
 def test_track_trackable_still_names_v1_optimizer_dependencies(tmp_path):
   assert hasattr(tf.compat.v1.train.Optimizer, '_track_trackable'), (
       'TensorFlow no longer has Trackable._track_trackable: '
-      'checkpointing.name_dependencies must find another hook.')
+      'private_api.name_dependencies must find another hook.')
   loss_scale = tf_loss_scale.DynamicLossScale()
   wrapper = tf.compat.v1.train.GradientDescentOptimizer(1.0)
-  checkpointing.name_dependencies(wrapper, loss_scale=loss_scale)
+  private_api.name_dependencies(wrapper, loss_scale=loss_scale)
   keys = _checkpoint_keys(tmp_path, optimizer=wrapper)
   assert 'optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/VARIABLE_VALUE' in keys
 

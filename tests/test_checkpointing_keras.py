@@ -1,9 +1,12 @@
 """The private hooks the experimental form's checkpoints need, pinned.
 
-`tf_loss_scale/checkpointing.py` answers TensorFlow's and Keras 2's
+`tf_loss_scale/private_api.py` answers TensorFlow's and Keras 2's
 underscore hooks so that the experimental form keeps TF 2.3's checkpoint
 layout. If a TensorFlow or Keras release stops calling one of them, these
 tests fail naming it, before checkpoints silently stop interchanging.
+A SavedModel of a training function, which needs the monitoring record
+tracked for it alone (`checkpointing.SavedModelOnlyChildren`), is compared
+with Keras's own class.
 """
 
 import collections
@@ -16,7 +19,7 @@ import tensorflow as tf
 import keras_families
 from keras_families import value
 import tf_loss_scale
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale.keras import experimental
 
 FAMILIES = ['keras3', 'keras2_legacy', 'keras2']
@@ -52,10 +55,10 @@ def calls(monkeypatch):
 
   for name in ('_trackable_children', '_lookup_dependency',
                '_deferred_dependencies'):
-    count(checkpointing.DelegatesCheckpointToInner, name)
+    count(private_api.DelegatesCheckpointToInner, name)
   for name in ('_create_or_restore_slot_variable', '_create_all_weights'):
-    count(checkpointing.ForwardsLegacySlotRestoration, name)
-  count(checkpointing.HidesForwardedSlots, '__dir__')
+    count(private_api.ForwardsLegacySlotRestoration, name)
+  count(private_api.HidesForwardedSlots, '__dir__')
   return counts
 
 
@@ -127,3 +130,71 @@ def test_tensorflows_trackable_protocol_still_has_the_hooks():
   assert list(lookup.parameters)[:2] == ['self', 'name'], lookup
   assert isinstance(
       inspect.getattr_static(trackable, '_deferred_dependencies'), property)
+
+
+def _keras3_trainer(form):
+  """A `tf.Module` holding a variable, an optimizer and a training function."""
+  keras = keras_families.keras3()
+
+  class Trainer(tf.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.var = keras.Variable([1.0, 2.0])
+      inner = keras.optimizers.SGD(0.5, momentum=0.5)
+      if form == 'experimental':
+        self.opt = experimental.LossScaleOptimizer(
+            inner, tf_loss_scale.DynamicLossScale(8.0, increment_period=2))
+      else:
+        self.opt = {'keras': keras.optimizers.LossScaleOptimizer,
+                    'keras3_form': tf_loss_scale.keras.LossScaleOptimizer}[
+                        form](inner, initial_scale=8.0, dynamic_growth_steps=2)
+      self.opt.build([self.var])
+
+    @tf.function(input_signature=[tf.TensorSpec([2], tf.float32)])
+    def train(self, x):
+      # The gradient of the loss is x.
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(self.var * x)
+        if form == 'experimental':
+          scaled = self.opt.get_scaled_loss(loss)
+        else:
+          scaled = self.opt.scale_loss(loss)
+      grads = tape.gradient(scaled, [self.var])
+      if form == 'experimental':
+        self.opt.apply_gradients(
+            zip(self.opt.get_unscaled_gradients(grads), [self.var]))
+        return self.opt.loss_scale()
+      self.opt.apply(grads, [self.var])
+      return tf.convert_to_tensor(self.opt.dynamic_scale)
+
+  return Trainer()
+
+
+@pytest.mark.parametrize('form', ['keras3_form', 'experimental'])
+def test_a_saved_model_of_a_training_function_loads_and_trains(form, tmp_path):
+  trajectories = {}
+  for name in ('keras', form):
+    trainer = _keras3_trainer(name)
+    trainer.train(tf.constant([1.0, 1.0]))
+    tf.saved_model.save(trainer, str(tmp_path / name))
+    loaded = tf.saved_model.load(str(tmp_path / name))
+    trajectories[name] = [
+        (float(loaded.train(tf.constant(x))), loaded.var.numpy().tolist())
+        for x in ([1.0, 1.0], [np.inf, 1.0], [2.0, -2.0])]
+  # SGD, learning rate 0.5, momentum 0.5, scale 8 growing every 2 steps;
+  # saved after one step: momentum -0.5, variable [0.5, 1.5].
+  assert trajectories[form] == trajectories['keras'] == [
+      (16.0, [-0.25, 0.75]),  # momentum -0.75; the scale grows
+      (8.0, [-0.25, 0.75]),  # skipped; the scale halves
+      (8.0, [-1.625, 1.375]),  # momentum [-1.375, 0.625]
+  ]
+  if form == 'keras3_form':
+    # The monitoring record is in the SavedModel but not in checkpoints.
+    keys = {}
+    for name in ('keras', form):
+      trainer = _keras3_trainer(name)
+      path = tf.train.Checkpoint(var=trainer.var, optimizer=trainer.opt).write(
+          str(tmp_path / 'ckpt' / name))
+      keys[name] = {key for key, _ in tf.train.list_variables(path)}
+    assert keys[form] == keys['keras']

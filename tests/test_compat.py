@@ -210,12 +210,7 @@ def _assert_trained(run, expected_state, min_test_accuracy):
   assert run['test_accuracy'] > min_test_accuracy, run
 
 
-@pytest.mark.parametrize('legacy_keras', [
-    pytest.param(False, id='default', marks=pytest.mark.xfail(
-        keras_families.tf_keras_can_be_keras3(), strict=True,
-        reason="Keras 3's fit does not yet take the experimental form that "
-        "compile wraps the guide's optimizer in")),
-    LEGACY_KERAS[1]])
+@pytest.mark.parametrize('legacy_keras', LEGACY_KERAS)
 def test_tf23_mixed_precision_guide_runs_unmodified_after_install(
     legacy_keras):
   run = _script_run(_GUIDE_LOOP, legacy_keras)

@@ -28,7 +28,8 @@ import versions
 
 STEPS = 40
 GROWTH_STEPS = 5
-INITIAL_SCALE = 2.0**15
+# The demo's default: high enough that the first step overflows float16.
+INITIAL_SCALE = 2.0**40
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What TensorFlow's C++ logging prints: "I0000 00:00:17... file.cc:31] ...",
 # absl's notice before its initialisation, and the CPU-feature advice.
@@ -84,7 +85,7 @@ def _check_results_json(out_dir, steps, api, strategy='none'):
   assert (settings['api'], settings['strategy'], settings['steps'],
           settings['seed'], settings['loss_weight'],
           settings['initial_scale']) == (api, strategy, steps, 0, 2.0**-18,
-                                         2.0**15), settings
+                                         INITIAL_SCALE), settings
   environment = results['environment']
   assert environment['tensorflow'] == tf.__version__, environment
   assert environment['keras'] == _installed_keras_version(), environment
@@ -94,7 +95,7 @@ def _check_results_json(out_dir, steps, api, strategy='none'):
   for key, entry in runs.items():
     assert set(entry) == {'test_accuracy', 'final_loss', 'flushed_fraction',
                           'skipped_steps', 'final_scale', 'seconds',
-                          'checkpoint'}, key
+                          'checkpoint', 'skip_report'}, key
     assert 0.0 <= entry['test_accuracy'] <= 1.0, (key, entry)
     assert math.isfinite(entry['final_loss']) and entry['final_loss'] > 0, (
         key, entry)
@@ -106,7 +107,17 @@ def _check_results_json(out_dir, steps, api, strategy='none'):
     assert runs[key]['final_scale'] is None, key
     assert runs[key]['skipped_steps'] == 0, key
     assert runs[key]['checkpoint'] is None, key
+    assert runs[key]['skip_report'] is None, key
   scaled = runs['float16_scaled']
+  # The first step overflows at 2**40; the report is the last skip's.
+  assert scaled['skipped_steps'] >= 1, scaled
+  report = scaled['skip_report']
+  assert set(report) == {'step', 'loss_scale', 'nan', 'inf', 'cause'}, report
+  assert report['cause'] == 'overflow' and report['nan'] == [], report
+  assert 0 <= report['step'] < steps, report
+  assert report['inf'] and all(isinstance(name, str) and name
+                               for name in report['inf']), report
+  assert 1.0 <= report['loss_scale'] <= INITIAL_SCALE, report
   assert scaled['final_scale'] >= 1.0, scaled
   assert os.path.dirname(scaled['checkpoint']) == os.path.join(
       out_dir, runner.CHECKPOINT_DIR), scaled
@@ -162,9 +173,23 @@ def test_mirrored_runs_record_consistent_results(tmp_path, monkeypatch,
   assert float32.scales is None and unscaled.scales is None
   assert len(scaled.scales) == STEPS
   final_state = _check_scale_follows_the_rule(scaled)
+  skipped = [step for step, was_skipped in enumerate(scaled.skipped)
+             if was_skipped]
+  assert skipped[0] == 0, skipped
+  report = scaled.skip_report
+  assert report.step == skipped[-1], (report, skipped)
+  assert report.cause == 'overflow' and report.inf and not report.nan, report
+  # The scale the skipped step's gradients were computed with: the scale
+  # the step before left.
+  assert report.loss_scale == (scaled.scales[report.step - 1]
+                               if report.step else INITIAL_SCALE), report
   for run in (unscaled, scaled):
     assert run.gradient_histogram.sum() > 0, run.name
   text = stream.getvalue()
+  assert (f'mixed_float16, dynamic loss scale: skipped steps '
+          f'{", ".join(map(str, skipped[:10]))}') in text, text
+  assert ('Why the last was skipped (tf_loss_scale.monitoring.last_skip): '
+          f'{report}.') in text, text
   for run in runs:
     assert f'{run.name:<34} [{"#" * 30}] {STEPS}/{STEPS}' in text, text
   # TensorFlow was imported before the demo: it says it cannot switch.
@@ -204,6 +229,10 @@ def test_cli_prints_the_table_and_writes_results(capsys, tmp_path, api):
   assert rows[1].startswith('mixed_float16, no loss scaling ')
   assert rows[2].startswith('mixed_float16, dynamic loss scale ')
   runs = _check_results_json(str(tmp_path), 30, api)
+  report = runs['float16_scaled']['skip_report']
+  assert (f'Why the last was skipped (tf_loss_scale.monitoring.last_skip): '
+          f'step {report["step"]} skipped at loss scale '
+          f'{report["loss_scale"]:g} (overflow): inf in ') in out, out
   for row, key in zip(rows, results_lib.RESULT_KEYS):
     accuracy = float(row.split('%')[0].split()[-1])
     assert accuracy == pytest.approx(100 * runs[key]['test_accuracy'],
@@ -440,7 +469,7 @@ def test_help_shows_powers_of_two(capsys):
     cli.main(['demo', '--help'])
   help_text = ' '.join(capsys.readouterr().out.split())
   assert 'classifier (default: 2**-18)' in help_text, help_text
-  assert 'dynamic loss scale (default: 2**15)' in help_text, help_text
+  assert 'dynamic loss scale (default: 2**40)' in help_text, help_text
   assert '(default: 0.1)' in help_text, help_text
   assert '3.814697265625e-06' not in help_text
 

@@ -284,11 +284,7 @@ def test_compile_wraps_with_the_policy_loss_scale(legacy_keras):
     assert 'LossScaleOptimizer' in no_scale, no_scale
 
 
-@pytest.mark.parametrize('legacy_keras', [
-    pytest.param(False, id='default', marks=pytest.mark.xfail(
-        keras_families.tf_keras_can_be_keras3(), strict=True,
-        reason="Keras 3's fit does not yet take the experimental form")),
-    LEGACY_KERAS[1]])
+@pytest.mark.parametrize('legacy_keras', LEGACY_KERAS)
 def test_fit_trains_like_keras_and_skips_an_inf_batch(legacy_keras):
   fit = _child(legacy_keras)['fit']
   assert 'error' not in fit, fit['error']

@@ -137,6 +137,22 @@ def test_unscale_keeps_each_dtype_in_a_mixed_structure():
   assert [float(g) for g in out] == [1.0] * 4
 
 
+def test_unscale_by_division_widens_half_precision_as_keras_3_does():
+  # Keras 3 divides in the wider of the gradient's dtype and float32.
+  grads = [tf.constant([5.0], tf.float16), tf.constant([5.0], tf.bfloat16),
+           tf.constant([5.0], tf.float32), tf.constant([5.0], tf.float64),
+           tf.IndexedSlices(tf.constant([[5.0]], tf.float16), tf.constant([1]))]
+  out = gradients.unscale(grads, tf.constant(3.0), divide=True)
+  assert [g.dtype for g in out] == [tf.float32] * 3 + [tf.float64, tf.float32]
+  assert [g.numpy().ravel()[0] for g in out[:3]] == [np.float32(5 / 3)] * 3
+  assert out[3].numpy()[0] == 5 / np.float64(np.float32(3.0))
+  assert isinstance(out[4], tf.IndexedSlices)
+  # By default: times the float32 reciprocal, one ulp off here.
+  assert gradients.unscale(grads[2], tf.constant(3.0)).numpy()[0] == (
+      np.float32(5) * (np.float32(1) / np.float32(3)))
+  assert np.float32(5 / 3) != np.float32(5) * (np.float32(1) / np.float32(3))
+
+
 def test_unscale_accepts_a_float16_scale():
   out = gradients.unscale([tf.constant(6.0)], tf.constant(3.0, tf.float16))
   assert out[0].dtype == tf.float32

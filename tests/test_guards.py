@@ -3,9 +3,9 @@
 Every rule is checked on the v1 wrapper, the Keras 3 form, and the
 experimental form around a Keras 3 and around a Keras 2 optimizer:
 
-- an optimizer is wrapped once: not by two of ours, not when a peer's loss
-  scale optimizer (Keras's, tf_keras's, TensorFlow's v1) holds it, and a
-  loss scale optimizer is never wrapped;
+- an optimizer is wrapped once: not by two of ours (without searching the
+  heap: the wrapper marks what it wraps), and a loss scale optimizer, ours
+  or a peer's (Keras's, tf_keras's, TensorFlow's v1), is never wrapped;
 - CentralStorageStrategy, ParameterServerStrategy and TPUStrategy are
   refused before anything is built, at construction and at each step;
 - under a strategy, a loss scale or optimizer made outside its scope is
@@ -16,6 +16,7 @@ Messages start with the peer's words (tf_keras's for wrapping, TF 2.3's for
 strategies, TensorFlow's v1 wrapper's for its type) and say what to do.
 """
 
+import copy
 import gc
 import re
 import weakref
@@ -86,22 +87,26 @@ def test_an_optimizer_one_of_ours_holds_is_refused(first, second):
 
 
 @pytest.mark.parametrize('front_end', front_ends.ALL)
-def test_an_optimizer_a_peer_holds_is_refused(front_end):
-  inner = front_end.inner(0.1)
-  peer = front_end.peer(inner)
-  with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
-      argument=_ARGUMENT[front_end.name])) as refused:
-    _wrap(front_end, inner)
-  assert type(peer).__name__ in str(refused.value)
-
-
-@pytest.mark.parametrize('front_end', front_ends.ALL)
 def test_an_optimizer_whose_wrapper_was_dropped_can_be_wrapped_again(
     front_end):
   inner = front_end.inner(0.1)
-  front_end.peer(inner)  # Dropped at once; it may linger in a cycle.
-  _wrap(front_end, inner)  # So is this one.
+  _wrap(front_end, inner)  # Dropped at once.
   assert _wrap(front_end, inner).inner_optimizer is inner
+
+
+@pytest.mark.parametrize('front_end', front_ends.ALL)
+def test_construction_does_not_search_the_heap(front_end, monkeypatch):
+  def refuse(*args):
+    raise AssertionError(f'the heap was searched: {args!r:.80}')
+
+  inner = front_end.inner(0.1)
+  monkeypatch.setattr(gc, 'get_referrers', refuse)
+  monkeypatch.setattr(gc, 'collect', refuse)
+  holder = _wrap(front_end, inner)
+  with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
+      argument=_ARGUMENT[front_end.name])):
+    _wrap(front_end, inner)
+  assert holder.inner_optimizer is inner
 
 
 @pytest.mark.parametrize('front_end', front_ends.ALL)
@@ -301,7 +306,7 @@ def test_check_step_reads_the_variables_of_optimizers_and_loss_scales(
 
 
 @versions.KERAS_3.mark
-def test_a_dead_wrapper_in_a_reference_cycle_holds_nothing():
+def test_a_dead_wrapper_in_a_reference_cycle_holds_until_collected():
   inner = keras.optimizers.SGD()
   gc.disable()
   try:
@@ -309,9 +314,21 @@ def test_a_dead_wrapper_in_a_reference_cycle_holds_nothing():
     wrapper.itself = wrapper
     dead = weakref.ref(wrapper)
     del wrapper  # Unreachable, but not freed until the collector runs.
-    assert dead() is not None
+    with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
+        argument='inner_optimizer')):
+      tf_loss_scale.keras.LossScaleOptimizer(inner)
+    gc.collect()
+    assert dead() is None
     assert tf_loss_scale.keras.LossScaleOptimizer(
         inner).inner_optimizer is inner
-    assert dead() is None
   finally:
     gc.enable()
+
+
+@versions.KERAS_3.mark
+def test_a_copy_of_a_wrapped_optimizer_is_not_held():
+  inner = keras.optimizers.SGD()
+  holder = tf_loss_scale.keras.LossScaleOptimizer(inner)
+  twin = copy.deepcopy(inner)
+  assert tf_loss_scale.keras.LossScaleOptimizer(twin).inner_optimizer is twin
+  assert holder.inner_optimizer is inner

@@ -328,26 +328,32 @@ def test_config_is_tf23_format_and_round_trips():
       fixed.get_config()).get_config() == fixed.get_config()
 
 
-def test_compile_under_mixed_float16_keeps_it_and_fit_is_refused_clearly():
-  # Keras 3's fit passes gradients of scale_loss() to apply_gradients(),
-  # which in TF 2.3's API takes unscaled ones: refused where it starts.
+def test_compile_under_mixed_float16_keeps_it_and_fit_trains_as_keras():
+  # Keras 3's fit calls scale_loss(), after which apply_gradients() takes the
+  # gradients of the scaled loss (tf_loss_scale/keras/protocols.py).
+  kernels = []
   keras.mixed_precision.set_global_policy('mixed_float16')
   try:
-    model = keras.Sequential([
-        keras.Input((2,)),
-        keras.layers.Dense(1, use_bias=False, kernel_initializer='ones')
-    ])
-    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), 1024)
-    model.compile(optimizer=opt, loss='mse')
-    assert model.optimizer is opt
-    with pytest.raises(RuntimeError,
-                       match='tf_loss_scale.keras.LossScaleOptimizer'):
+    for make in (lambda inner: LossScaleOptimizer(inner, 1024),
+                 lambda inner: keras.optimizers.LossScaleOptimizer(
+                     inner, initial_scale=1024)):
+      model = keras.Sequential([
+          keras.Input((2,)),
+          keras.layers.Dense(1, use_bias=False, kernel_initializer='ones')
+      ])
+      opt = make(keras.optimizers.SGD(0.1))
+      model.compile(optimizer=opt, loss='mse')
+      assert model.optimizer is opt
       model.fit(np.array([[1.0, 2.0]], np.float32),
-                np.array([[0.0]], np.float32), batch_size=1, verbose=0)
+                np.array([[0.0]], np.float32), batch_size=1, epochs=2,
+                verbose=0)
+      kernels.append(model.layers[0].kernel.numpy().ravel())
   finally:
     keras.mixed_precision.set_global_policy('float32')
-  np.testing.assert_array_equal(model.layers[0].kernel.numpy().ravel(),
-                                [1.0, 1.0])
+  # [1, 1] - 0.1 * 2 * 3 * [1, 2] = [0.4, -0.2], which predicts 0: the
+  # second step's gradient is 0.
+  np.testing.assert_allclose(kernels[0], [0.4, -0.2], rtol=1e-6)
+  np.testing.assert_array_equal(kernels[0], kernels[1])
 
 
 def test_tf23_loop_is_not_changed_by_scale_loss_which_is_refused():

@@ -426,6 +426,55 @@ def test_float16_sum_overflowing_across_two_replicas_is_skipped(
 
 
 @pytest.mark.parametrize('family', ['legacy', 'new'])
+def test_gradients_the_caller_summed_are_decided_on_as_they_are(
+    mirrored_strategy, family):
+  # Each replica gets the sum already made (a finite float16 40000) and the
+  # optimizer is told not to sum it again: the verdict is about that
+  # gradient, which Keras 2's class applies, and not about a sum of the
+  # replicas' copies (80000) that nothing computes.
+  make = {'legacy': lambda: keras2.optimizers.legacy.SGD(2.0**-10),
+          'new': lambda: keras2.optimizers.SGD(2.0**-10)}[family]
+  summed = ({'experimental_aggregate_gradients': False} if family == 'legacy'
+            else {'skip_gradients_aggregation': True})
+  with mirrored_strategy.scope():
+    our_var = tf.Variable([1.0, 1.0], dtype=tf.float16)
+    ref_var = tf.Variable([1.0, 1.0], dtype=tf.float16)
+    ours = _ours(make(), 4.0, 1000)
+    reference = keras2.mixed_precision.LossScaleOptimizer(
+        make(), initial_scale=4.0, dynamic_growth_steps=1000)
+
+  def step_function(opt, var):
+    # One function per optimizer: each creates its variables on its first
+    # call.
+    @tf.function
+    def train(grad):
+      mirrored_strategy.run(lambda: opt.apply_gradients(
+          [(tf.cast(grad, tf.float16), var)], **summed))
+    return train
+
+  our_step, ref_step = step_function(ours, our_var), step_function(
+      reference, ref_var)
+  local = mirrored_strategy.experimental_local_results
+  # 1 - 40000 / 1024 and 1 - 1 / 1024, exact in float16; then an inf skips.
+  for i, (grad, expected, scale) in enumerate((
+      ([40000.0, 1.0], [-38.0625, 0.9990234375], 4.0),
+      ([INF, 1.0], [-38.0625, 0.9990234375], 2.0))):
+    our_step(tf.constant(grad))
+    ref_step(tf.constant(grad))
+    for replica, (mine, theirs) in enumerate(zip(local(our_var),
+                                                 local(ref_var))):
+      assert mine.numpy().tolist() == theirs.numpy().tolist() == expected, (
+          f'step {i}, replica {replica}')
+    _assert_same_optimizer_state(ours, reference, f'step {i}', i + 1)
+    assert float(ours.loss_scale()) == scale, f'step {i}'
+    if i == 0:
+      assert tf_loss_scale.monitoring.last_skip(ours) is None
+  report = tf_loss_scale.monitoring.last_skip(ours)
+  assert (report.step, report.loss_scale, report.inf, report.nan) == (
+      1, 4.0, (our_var.name,), ()), report
+
+
+@pytest.mark.parametrize('family', ['legacy', 'new'])
 def test_checkpoint_moves_between_wrapper_and_bare_inner(tmp_path, family):
   make = (lambda: keras2.optimizers.legacy.Adam(0.25)) if (
       family == 'legacy') else (lambda: keras2.optimizers.Adam(0.25))

@@ -368,6 +368,75 @@ def test_inner_clipping_acts_on_unscaled_gradients():
   np.testing.assert_allclose(var.numpy(), [-0.25, -0.5])
 
 
+@pytest.mark.parametrize('clipping,expected', [
+    ({'clipnorm': 1.0}, -0.70703125),
+    ({'global_clipnorm': 1.0}, -0.70703125),
+    ({'clipvalue': 1.0}, -1.0),
+    ({}, -300.0),
+])
+def test_float16_variables_are_clipped_in_float32_as_keras_does(clipping,
+                                                                 expected):
+  # Unscaled, each gradient is 300: its square overflows float16, not
+  # float32, in which Keras's class hands float16 gradients to the inner
+  # optimizer. The norm is 300 * sqrt(2); float16(-1 / sqrt(2)) = -0.70703125.
+  weights = {}
+  for cls in (LossScaleOptimizer, keras.optimizers.LossScaleOptimizer):
+    opt = cls(keras.optimizers.SGD(1.0, **clipping), initial_scale=2.0)
+    var = keras.Variable(np.zeros(2, np.float16), dtype='float16')
+    opt.apply([tf.constant([600.0, 600.0], tf.float16)], [var])
+    weights[cls] = var.numpy().tolist()
+  assert weights[LossScaleOptimizer] == [expected, expected]
+  assert weights[keras.optimizers.LossScaleOptimizer] == [expected, expected]
+
+
+@pytest.mark.parametrize('scale,scaled,unscaled', [
+    # float32(5) / float32(3) = 1.6666666; times float32(1 / 3), 1.6666667.
+    (3.0, 5.0, 1.6666666),
+    (1000.0, 5.0, 0.005),            # times the reciprocal, 0.0050000004
+    (2.0**15 + 1, 515.0, 0.015716074),  # times the reciprocal, 0.015716072
+])
+def test_gradients_are_divided_by_the_scale_as_keras_does(scale, scaled,
+                                                          unscaled):
+  for cls in (LossScaleOptimizer, keras.optimizers.LossScaleOptimizer):
+    opt = cls(keras.optimizers.SGD(1.0), initial_scale=scale)
+    var = keras.Variable([0.0])
+    opt.apply([tf.constant([scaled])], [var])
+    assert var.numpy().tolist() == [-np.float32(unscaled)], cls
+
+
+@pytest.mark.parametrize('mode', ['eager', 'function', 'jit_compile'])
+@pytest.mark.parametrize('scale', [3.0, 1000.0, 2.0**15 + 1])
+def test_any_scale_trains_bit_for_bit_as_keras_class_does(scale, mode):
+  rng = np.random.default_rng(7)
+  # Many values, so that dividing and multiplying by the reciprocal round
+  # differently for some of them at every scale.
+  start = rng.uniform(-1, 1, 500).astype(np.float32)
+  grads = rng.uniform(-4, 4, (len(SEQUENCE), 500)).astype(np.float32)
+  for i, kind in enumerate(SEQUENCE):
+    grads[i, 3] = {'inf': INF, 'nan': NAN}.get(kind, grads[i, 3])
+  optimizers = [
+      cls(keras.optimizers.SGD(0.1, momentum=0.9), initial_scale=scale,
+          dynamic_growth_steps=3)
+      for cls in (LossScaleOptimizer, keras.optimizers.LossScaleOptimizer)]
+  variables = [[keras.Variable(start)], [keras.Variable(start)]]
+
+  def make_step(opt, model):
+    opt.build(model)
+    # The optimizer and variables are captured, not traced as arguments.
+    step = lambda grad: opt.apply([grad * opt.dynamic_scale], model)
+    return step if mode == 'eager' else tf.function(
+        step, jit_compile=mode == 'jit_compile')
+
+  steps = [make_step(*pair) for pair in zip(optimizers, variables)]
+  for i, grad in enumerate(grads):
+    for step in steps:
+      step(tf.constant(grad))
+    for mine, theirs in zip(variables[0] + optimizers[0].variables,
+                            variables[1] + optimizers[1].variables):
+      np.testing.assert_array_equal(mine.numpy(), theirs.numpy(),
+                                    err_msg=f'step {i}: {mine.path}')
+
+
 # Inner optimizer features, step for step against Keras's class, with inf and
 # NaN steps among the finite ones.
 _FEATURES = {
@@ -630,8 +699,49 @@ def test_bad_scale_arguments_name_themselves():
     LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=-1.0)
   with pytest.raises(ValueError, match='dynamic_growth_steps=0'):
     LossScaleOptimizer(keras.optimizers.SGD(), dynamic_growth_steps=0)
-  with pytest.raises(TypeError, match="initial_scale must be a number.*'big'"):
+  with pytest.raises(TypeError, match="initial_scale must be a .*'big'"):
     LossScaleOptimizer(keras.optimizers.SGD(), initial_scale='big')
+
+
+def test_initial_scale_below_one_is_refused_where_keras_halves_it():
+  # Keras's class starts at 0.5 and halves it on overflow; this scale's floor
+  # is 1, so it could not follow (it would jump to 1).
+  reference = keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.SGD(0.1), initial_scale=0.5, dynamic_growth_steps=1)
+  var = keras.Variable([1.0])
+  scales = []
+  for grad in (INF, 1.0, INF):
+    reference.apply([tf.constant([grad])], [var])
+    scales.append(float(reference.dynamic_scale.numpy()))
+  assert scales == [0.25, 0.5, 0.25]
+  with pytest.raises(
+      ValueError, match=r'initial_scale must be a finite number of at least 1 '
+      r'that fits in float32, but got initial_scale=0\.5'):
+    LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=0.5)
+  assert LossScaleOptimizer(keras.optimizers.SGD(0.1),
+                            initial_scale=1).initial_scale == 1
+
+
+@pytest.mark.parametrize('initial,steps,error,words', [
+    (1e-50, 1, ValueError, 'fits in float32, but got {initial}=1e-50.'),
+    (float('nan'), 1, ValueError, 'fits in float32, but got {initial}=nan.'),
+    (2.0, 2.5, TypeError, '{steps} must be an integer, but got {steps}=2.5.'),
+    (2.0, 2**63, ValueError, '{steps} must be an integer from 1 to '
+     '2**63 - 1, but got {steps}=9223372036854775808.'),
+    (2.0, '10', TypeError, "{steps} must be a Python or NumPy real number, "
+     "but got '10' of type str."),
+])
+def test_every_front_end_checks_scale_arguments_in_the_same_words(
+    initial, steps, error, words):
+  for make, names in (
+      (lambda: LossScaleOptimizer(keras.optimizers.SGD(), initial, steps),
+       ('initial_scale', 'dynamic_growth_steps')),
+      (lambda: tf_loss_scale.DynamicLossScale(initial, steps),
+       ('initial_loss_scale', 'increment_period'))):
+    with pytest.raises(error) as refusal:
+      make()
+    assert str(refusal.value).endswith(
+        words.format(initial=names[0], steps=names[1]))
 
 
 def test_bfloat16_policy_warns_through_the_precision_module(monkeypatch):

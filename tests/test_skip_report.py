@@ -202,6 +202,47 @@ def test_report_is_read_through_the_session_in_a_tf1_graph():
       monitoring.last_skip(opt, other)
 
 
+def test_a_first_step_skipped_before_the_counts_are_initialised_is_step_0():
+  # Only the global variables initialised, as the README's TF1 example does:
+  # the record's counters are local variables, still uninitialised when the
+  # first step skips.
+  with tf.Graph().as_default():
+    opt, train_op, feed = _v1_graph_step()
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op, feed([1.0, INF], [1.0]))
+      assert monitoring.last_skip(opt, session) == _report(
+          0, 4.0, [], ['w:0'])
+      assert session.run(opt.loss_scale()) == 2.0
+      session.run(train_op, feed([NAN, 1.0], [1.0]))
+      assert monitoring.last_skip(opt, session) == _report(
+          1, 2.0, ['w:0'], [])
+
+
+class _CountingHook(tf.compat.v1.train.SessionRunHook):
+  """Counts the runs a MonitoredSession makes with hooks."""
+
+  def __init__(self):
+    self.runs = 0
+
+  def after_run(self, run_context, run_values):
+    del run_context, run_values
+    self.runs += 1
+
+
+def test_reading_the_report_through_a_monitored_session_runs_no_hook():
+  with tf.Graph().as_default():
+    opt, train_op, feed = _v1_graph_step()
+    counter = _CountingHook()
+    with tf.compat.v1.train.MonitoredSession(hooks=[counter]) as session:
+      assert monitoring.last_skip(opt, session) is None
+      session.run(train_op, feed([1.0, 1.0], [INF]))
+      for _ in range(3):
+        assert monitoring.last_skip(opt, session) == _report(
+            0, 4.0, [], ['v:0'])
+      assert counter.runs == 1
+
+
 def test_hook_logs_each_skipped_step_and_writes_it_as_text(tmp_path, caplog):
   with tf.Graph().as_default():
     opt, train_op, feed = _v1_graph_step()

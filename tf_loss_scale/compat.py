@@ -49,11 +49,11 @@ def install(override: bool = False) -> None:
     `tf_keras.mixed_precision.experimental`), from `tf.compat.v1.keras`
     (except on TensorFlow 2.12, whose module there could not forget it
     again) and by `import`;
+  - `tf.keras.Model.compile` applies the `Policy`'s loss scale, as TF 2.3's;
   - on Keras 3, `tf.keras.mixed_precision.LossScaleOptimizer` (and
     `keras.mixed_precision.LossScaleOptimizer`) is TF 2.4-2.15's class,
     `tf_loss_scale.keras.mixed_precision.LossScaleOptimizer`; Keras itself
     keeps using its own. With Keras 2 that name is TensorFlow's, left alone;
-  - `tf.keras.Model.compile` applies the `Policy`'s loss scale, as TF 2.3's;
   - `tf.train.experimental` and `tf.mixed_precision.experimental` offer
     `LossScale`, `FixedLossScale` and `DynamicLossScale`, and the former
     `tf_loss_scale.graph_rewrite`'s two functions.
@@ -73,25 +73,25 @@ def install(override: bool = False) -> None:
   from tf_loss_scale import graph_rewrite
   from tf_loss_scale.keras import experimental, experimental_policy, families
 
+  mixed_precision = _keras_mixed_precision_modules()
   keras_experimental = _new_module(
       'tensorflow.keras.mixed_precision.experimental',
       LossScaleOptimizer=experimental.LossScaleOptimizer,
       **{name: getattr(experimental, name)
          for name in experimental.POLICY_NAMES})
-  mixed_precision = _keras_mixed_precision_modules()
   for namespace in mixed_precision:
     _attach_module(namespace, 'experimental', keras_experimental)
+  _replace(tf.keras.Model, 'compile',
+           experimental_policy.compile_with_policy_loss_scale(
+               tf.keras.Model.compile))
   if families.is_keras3(tf.keras):
     # TF 2.4-2.15's class where the name is Keras 3's (stateless); Keras's
     # internals (`keras.optimizers`, `compile`) keep Keras's own.
-    from tf_loss_scale.keras import mixed_precision as tf24  # pylint: disable=g-import-not-at-top
+    from tf_loss_scale.keras import mixed_precision as tf24
     for namespace in mixed_precision:
       if hasattr(getattr(namespace, 'LossScaleOptimizer', None),
                  'stateless_apply'):
         _replace(namespace, 'LossScaleOptimizer', tf24.LossScaleOptimizer)
-  _replace(tf.keras.Model, 'compile',
-           experimental_policy.compile_with_policy_loss_scale(
-               tf.keras.Model.compile))
 
   loss_scales = {name: getattr(tf_loss_scale, name) for name in _LOSS_SCALE_NAMES}
   rewrite = {name: getattr(graph_rewrite, name) for name in (

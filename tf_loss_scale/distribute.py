@@ -199,6 +199,9 @@ def merge_to_cross_replica(fn: Callable[..., Any], *args: Any) -> Any:
   Returns:
     What `fn` returns.
   """
+  if not tf.distribute.has_strategy():
+    # As the bare optimizer would run (see `apply_on_every_replica_if`).
+    return fn(tf.distribute.get_strategy(), *args)
   return tf.distribute.get_replica_context().merge_call(fn, args=args)
 
 
@@ -241,6 +244,10 @@ def apply_on_every_replica_if(
       # Replica threads do not inherit the caller's control dependencies.
       with tf.control_dependencies(gate):
         return apply_fn(*replica_args)
+    if not tf.distribute.has_strategy():
+      # In the caller's replica context: ops made in a new one (Keras's
+      # all-reduce gradient) fail where a SavedModel retraces them.
+      return strategy.group(apply_on_replica(*args))
     return strategy.group(strategy.extended.call_for_each_replica(
         apply_on_replica, args=tuple(args)))
 
@@ -248,7 +255,8 @@ def apply_on_every_replica_if(
     applied = apply_everywhere()
     if tf.executing_eagerly():
       return True
-    with tf.control_dependencies([applied]):
+    # `group` gives None when `apply_fn` returned nothing to group.
+    with tf.control_dependencies([] if applied is None else [applied]):
       return tf.constant(True)
   if execution.in_tf1_graph():
     return execution.one_side_runs(should_apply, apply_everywhere, on_skip)

@@ -8,6 +8,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from tf_loss_scale import private_api
+
 
 def in_tf1_graph() -> bool:
   """Whether ops are being added to a TF1 graph run by a `Session`.
@@ -38,16 +40,11 @@ def in_xla_computation() -> bool:
   True while a `tf.function(jit_compile=True)` (or a function it calls) is
   traced, which is how Keras compiles `model.fit`'s step with XLA.
 
-  Hook: `tf.__internal__.get_enclosing_xla_context()`, the function
-  TensorFlow exports for Keras to ask exactly this; no other API tells.
-  Why: a step's skip report must be read from the gradients differently
-  under XLA to stay free on finite steps (see
-  `tf_loss_scale.step_record.StepRecord.skip_reporter`). A TensorFlow
-  without it gets False: the report stays correct, only slower under XLA.
+  Why: the skip report is read differently under XLA to stay free on
+  finite steps (`step_record.StepRecord.skip_reporter`); without the hook
+  it stays correct, only slower under XLA.
   """
-  internal = getattr(tf, '__internal__', None)
-  enclosing = getattr(internal, 'get_enclosing_xla_context', None)
-  return enclosing is not None and enclosing() is not None
+  return private_api.enclosing_xla_context() is not None
 
 
 def one_side_runs(predicate: tf.Tensor,

@@ -33,43 +33,39 @@ def scale_loss(loss: Loss, scale: tf.Tensor) -> Loss:
   return _times(loss, scale)
 
 
-def unscale(grads: Any, scale: tf.Tensor) -> Any:
+def unscale(grads: Any, scale: tf.Tensor, divide: bool = False) -> Any:
   """Divides every gradient in a nested structure by the loss scale.
 
-  The division is done as one multiplication by `1 / scale` per gradient.
-  Gradients keep their dtype; `None` stays `None` and `tf.IndexedSlices` stay
-  sparse (only their values are rescaled).
+  Rounded as each front end's peer rounds. By default, as TensorFlow's v1
+  wrapper and tf_keras's classes: times the float32 reciprocal of the scale,
+  in float32 for float16 and bfloat16 gradients (a half precision reciprocal
+  is inexact, and zero in float16 past 2**24), in the gradient's dtype.
+  `divide=True`, as Keras 3's class: divided by the scale in float32 or the
+  gradient's dtype if wider, so half precision ones come back in float32.
+  `None` stays `None`; `tf.IndexedSlices` stay sparse.
 
   Args:
     grads: A gradient or a nested structure (list, tuple, dict) of gradients.
     scale: The loss scale the gradients were computed with, a scalar tensor.
+    divide: Whether to divide, as Keras 3's class does.
 
   Returns:
     A structure like `grads` holding the unscaled gradients.
   """
-  reciprocal = 1.0 / tf.cast(scale, tf.float32)
-  by_dtype = {}
-
-  def reciprocal_in(dtype: tf.DType) -> tf.Tensor:
-    if dtype not in by_dtype:
-      by_dtype[dtype] = tf.cast(reciprocal, dtype)
-    return by_dtype[dtype]
+  reciprocal = None if divide else 1.0 / tf.cast(scale, tf.float32)
 
   def unscale_values(values: tf.Tensor) -> tf.Tensor:
-    if values.dtype.size < 4:
-      # A half precision reciprocal is inexact, and in float16 subnormal or
-      # zero for large scales (2**-25 rounds to 0), so these gradients are
-      # unscaled in float32 and cast back.
-      return tf.cast(tf.cast(values, tf.float32) * reciprocal, values.dtype)
-    return values * reciprocal_in(values.dtype)
+    wide = tf.float32 if values.dtype.size < 4 else values.dtype
+    if divide:
+      return tf.cast(values, wide) / tf.cast(scale, wide)
+    return tf.cast(tf.cast(values, wide) * tf.cast(reciprocal, wide),
+                   values.dtype)
 
   def unscale_one(grad):
-    if grad is None:
-      return None
     if isinstance(grad, tf.IndexedSlices):
       return tf.IndexedSlices(unscale_values(grad.values), grad.indices,
                               grad.dense_shape)
-    return unscale_values(grad)
+    return None if grad is None else unscale_values(grad)
 
   return tf.nest.map_structure(unscale_one, grads)
 

@@ -11,12 +11,11 @@ refused call changes nothing. The rules:
   `EXPERIMENTAL_FORM`) and, given another, names the form that takes it.
 - A loss scale optimizer is never wrapped (this library's or a peer's:
   Keras's, tf_keras's, TensorFlow's v1), nor an optimizer that a live one
-  already holds: it would take two steps per training step, driven by two
-  loss scales. The peers keep no link from the optimizer to its wrapper, so
-  the holder is found with `gc.get_referrers`, which walks every object the
-  garbage collector tracks: a few tens of milliseconds per construction in a
-  process with TensorFlow and Keras loaded (about 35 ms for 400,000 objects),
-  nothing per step.
+  of ours holds (marked with a weak reference to it): two steps per
+  training step, driven by two loss scales. Not caught: an optimizer a
+  peer's wrapper holds (they leave no public mark). A dropped wrapper holds
+  its optimizer until it is freed (in a reference cycle, until the garbage
+  collector runs).
 - Loss scaling runs under no strategy, `MirroredStrategy`,
   `MultiWorkerMirroredStrategy` or `OneDeviceStrategy`: not under
   `CentralStorageStrategy` or `ParameterServerStrategy` (a replica holds no
@@ -30,9 +29,9 @@ Messages start with the peer's wording where the peer has one (TensorFlow's
 and TF 2.3's, tf_keras's), then say what to do.
 """
 
-import gc
 import sys
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence
+import weakref
+from typing import Any, Callable, List, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -77,6 +76,9 @@ EXPERIMENTAL_FORM = Form(
     '(tf.keras.optimizers.* on TensorFlow 2.12-2.15, tf_keras.optimizers.*, '
     'and their optimizers.legacy.*: the OptimizerV2 that TF 2.3 wrapped)')
 
+# Set by a wrapper on what it wraps: a weak reference, not to keep it alive.
+_HOLDER = '_tf_loss_scale_wrapper'
+
 # Where to go with an optimizer of each family, most specific first.
 _FORM_FOR_FAMILY = (
     (_is_v1_optimizer, f'For a tf.compat.v1.train.Optimizer use '
@@ -90,40 +92,44 @@ _FORM_FOR_FAMILY = (
 )
 
 
-def check_new_wrapper(optimizer: Any, form: Form,
+def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
                       loss_scale: Any = None) -> None:
   """Refuses what no front end may wrap, and a strategy it cannot run under.
 
-  Call it first in a constructor, before anything is created.
+  Call it first in a constructor, before anything is created. If nothing is
+  refused, marks `optimizer` as held by `wrapper`.
 
   Args:
     optimizer: The optimizer about to be wrapped.
     form: The front end being constructed.
+    wrapper: The wrapper being constructed; it holds `optimizer` once its
+      `inner_optimizer` is `optimizer`.
     loss_scale: The loss scale the wrapper will drive, if it exists already
       (a `LossScale`); anything else (an identifier, None) is ignored.
 
   Raises:
     TypeError: If a Keras form is given an optimizer of another family.
     ValueError: If the v1 form is given an optimizer of another family; if
-      `optimizer` is a loss scale optimizer or a live one holds it; under a
+      `optimizer` is a loss scale optimizer or a live one of ours holds it;
+      under a
       strategy the library refuses; or if `optimizer` or `loss_scale` was
       created outside the current strategy's scope.
   """
-  wrappers = _loss_scale_optimizer_types()
-  if isinstance(optimizer, wrappers):
+  if isinstance(optimizer, _loss_scale_optimizer_types()):
     raise ValueError(
         'LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: '
         f'{optimizer}. It is already a loss scale optimizer: use it as it is, '
         f'or pass {form.name} a new optimizer.')
   check_family(optimizer, form)
-  holder = _live_holder(optimizer, wrappers)
-  if holder is not None:
+  holder = getattr(optimizer, _HOLDER, lambda: None)()
+  if getattr(holder, 'inner_optimizer', None) is optimizer:
     raise ValueError(
         f'"{form.argument}" is already wrapped by a LossScaleOptimizer. An '
         'optimizer can only be wrapped by a single LossScaleOptimizer: '
-        f'{_describe(holder)} holds {_describe(optimizer)}. Keep using that '
-        f'wrapper, or create a new optimizer for this one.')
+        f'a {type(holder).__name__} holds it. Keep using that wrapper, or '
+        'create a new optimizer for this one.')
   check_step(f'{form.name}()', [loss_scale, optimizer])
+  setattr(optimizer, _HOLDER, weakref.ref(wrapper))
 
 
 def check_family(optimizer: Any, form: Form) -> None:
@@ -209,42 +215,6 @@ def _raise_wrong_family(optimizer: Any, form: Form) -> None:
       f'{type(optimizer).__name__}. {hint}'.strip())
 
 
-def _live_holder(optimizer: Any, wrappers: tuple) -> Optional[Any]:
-  """The live loss scale optimizer that holds `optimizer`, if any."""
-  if _holder(optimizer, wrappers) is None:
-    return None
-  # A dropped wrapper may be garbage in a reference cycle that has not been
-  # collected yet: it holds nothing.
-  gc.collect()
-  return _holder(optimizer, wrappers)
-
-
-def _holder(optimizer: Any, wrappers: tuple) -> Optional[Any]:
-  referrers = gc.get_referrers(optimizer)
-  # An object whose attributes live in its __dict__ refers to the optimizer
-  # through that dict; others (inline attributes) refer to it directly.
-  holder = next((r for r in referrers if isinstance(r, wrappers)), None)
-  if holder is not None:
-    return holder
-  namespaces = [r for r in referrers
-                if type(r) is dict and '__builtins__' not in r]  # pylint: disable=unidiomatic-typecheck
-  if not namespaces:
-    return None
-  return next((owner for owner in gc.get_referrers(*namespaces)
-               if isinstance(owner, wrappers) and
-               any(getattr(owner, '__dict__', None) is namespace
-                   for namespace in namespaces)), None)
-
-
-def _describe(obj: Any) -> str:
-  name = getattr(obj, 'name', None)
-  if callable(name) or name is None:
-    getter = getattr(obj, 'get_name', None)
-    name = getter() if callable(getter) else None
-  kind = f'{type(obj).__module__}.{type(obj).__qualname__}'
-  return f'{kind} {name!r}' if isinstance(name, str) else kind
-
-
 def _keras_namespaces() -> list:
   """The public API namespaces of the Keras packages already imported.
 
@@ -266,8 +236,11 @@ def _loss_scale_optimizer_types() -> tuple:
       getattr(tf.compat.v1.mixed_precision,
               'MixedPrecisionLossScaleOptimizer', None),
       getattr(ours, 'MixedPrecisionLossScaleOptimizer', None),
-  ] + [getattr(getattr(keras, 'mixed_precision', None), 'LossScaleOptimizer',
-               None) for keras in _keras_namespaces()]
+  ] + [getattr(getattr(keras, namespace, None), 'LossScaleOptimizer', None)
+       for keras in _keras_namespaces()
+       # Keras 3's own class is under `optimizers` too, which install()
+       # leaves alone when it maps `mixed_precision`'s name to TF 2.4's.
+       for namespace in ('mixed_precision', 'optimizers')]
   return tuple(t for t in candidates if isinstance(t, type))
 
 

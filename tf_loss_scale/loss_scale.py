@@ -39,7 +39,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import step_record
@@ -246,12 +246,8 @@ class FixedLossScale(LossScale):
       ValueError: If `loss_scale_value` is below 1, NaN or infinite.
     """
     super().__init__(name='fixed_loss_scale')
-    value = _real_number('loss_scale_value', loss_scale_value)
-    if not math.isfinite(value) or not 1 <= value <= _FLOAT32_MAX:
-      raise ValueError(
-          'loss_scale_value must be a finite number of at least 1 that fits in '
-          f'float32, but got {loss_scale_value!r}.')
-    self._loss_scale_value = value
+    self._loss_scale_value, _ = check_scale_arguments(
+        loss_scale_value, names=('loss_scale_value',), floor=1.0)
 
   @property
   def loss_scale_value(self) -> float:
@@ -280,7 +276,7 @@ class FixedLossScale(LossScale):
     return {'loss_scale_value': self._loss_scale_value}
 
 
-class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
+class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
   """A loss scale that shrinks on overflow and grows while gradients are finite.
 
   The scale starts at `initial_loss_scale`. A step with any non-finite
@@ -366,30 +362,19 @@ class DynamicLossScale(checkpointing.SavedModelOnlyChildren, LossScale):
         is given with `on_collapse='skip'`.
     """
     super().__init__(name='dynamic_loss_scale')
-    initial = _real_number('initial_loss_scale', initial_loss_scale)
-    if not math.isfinite(initial) or not 0 < initial <= _FLOAT32_MAX:
-      raise ValueError(
-          'initial_loss_scale must be a finite positive number that fits in '
-          f'float32, but got {initial_loss_scale!r}.')
-    # The good-step count it is compared with is an int64 variable.
-    period = _count('increment_period', increment_period)
+    initial, period = check_scale_arguments(
+        initial_loss_scale, increment_period,
+        names=('initial_loss_scale', 'increment_period'))
     factor = _real_number('multiplier', multiplier)
     if not math.isfinite(factor) or factor <= 1:
       raise ValueError(
           f'multiplier must be a finite number above 1, but got {multiplier!r}.')
-    floor = _real_number('min_loss_scale', min_loss_scale)
-    if (not math.isfinite(floor) or not 0 < floor <= _FLOAT32_MAX or
-        np.float32(floor) == 0):
-      raise ValueError(
-          'min_loss_scale must be a finite positive number that fits in '
-          f'float32, but got {min_loss_scale!r}.')
+    floor, _ = check_scale_arguments(min_loss_scale,
+                                     names=('min_loss_scale',))
     cap = None
     if max_loss_scale is not None:
-      cap = _real_number('max_loss_scale', max_loss_scale)
-      if not math.isfinite(cap) or cap > _FLOAT32_MAX:
-        raise ValueError(
-            'max_loss_scale must be a finite number that fits in float32 (or '
-            f'None for no cap), but got {max_loss_scale!r}.')
+      cap, _ = check_scale_arguments(max_loss_scale,
+                                     names=('max_loss_scale',))
       if cap < initial or cap < floor:
         raise ValueError(
             f'max_loss_scale must be at least initial_loss_scale ({initial}) '
@@ -819,6 +804,39 @@ def _steps(count: int) -> str:
   return f'{count} step' if count == 1 else f'{count} steps'
 
 
+def check_scale_arguments(
+    initial_scale: Any, growth_steps: Any = None, *,
+    names: Sequence[str] = ('initial_scale', 'dynamic_growth_steps'),
+    floor: Optional[float] = None) -> Tuple[float, Optional[int]]:
+  """Checks a loss scale's first value and growth period, for every front end.
+
+  Args:
+    initial_scale: The (first) scale: finite, positive, within float32's
+      range, and at least `floor` if given.
+    growth_steps: Finite steps in a row after which the scale grows, an
+      integer from 1 to 2**63 - 1 (the counter is int64).
+    names: The arguments' names in the caller's signature, for messages;
+      one name only to check `initial_scale` alone.
+    floor: The lowest first scale to accept. A scale that starts below the
+      rule's floor jumps to it at the first overflow, as TensorFlow's and
+      tf_keras's do; a front end whose peer halves it instead refuses it.
+
+  Returns:
+    `(initial_scale, growth_steps)` as a float and an int (or None).
+
+  Raises:
+    TypeError: For an argument of a wrong type; ValueError: out of range.
+  """
+  initial = _real_number(names[0], initial_scale)
+  if not (math.isfinite(initial) and (floor or 0) <= initial <= _FLOAT32_MAX
+          and np.float32(initial) > 0):
+    at_least = f'number of at least {floor:g}' if floor else 'positive number'
+    raise ValueError(
+        f'{names[0]} must be a finite {at_least} that fits in float32, but '
+        f'got {names[0]}={initial_scale!r}.')
+  return initial, (_count(names[1], growth_steps) if len(names) > 1 else None)
+
+
 def _real_number(name: str, value: Any) -> float:
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
     raise TypeError(
@@ -831,8 +849,9 @@ def _count(name: str, value: Any) -> int:
   """A whole number from 1 to the int64 maximum (counters are int64)."""
   number = _real_number(name, value)
   if not number.is_integer():
-    raise TypeError(f'{name} must be an integer, but got {value!r}.')
+    raise TypeError(f'{name} must be an integer, but got {name}={value!r}.')
   if not 1 <= number <= _INT64_MAX:
     raise ValueError(
-        f'{name} must be an integer from 1 to 2**63 - 1, but got {value!r}.')
+        f'{name} must be an integer from 1 to 2**63 - 1, but got '
+        f'{name}={value!r}.')
   return int(number)

@@ -4,7 +4,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale import gradients
 from tf_loss_scale import guards
@@ -16,7 +16,7 @@ _V1Optimizer = tf.compat.v1.train.Optimizer
 GradsAndVars = Sequence[Tuple[Any, tf.Variable]]
 
 
-class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
+class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
                                        _V1Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer` to train with a loss scale.
 
@@ -55,15 +55,15 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
         loss scale identifier; under a strategy this library refuses; or if
         the loss scale was created outside the current strategy's scope.
     """
-    guards.check_new_wrapper(opt, guards.V1_FORM, loss_scale)
+    guards.check_new_wrapper(opt, guards.V1_FORM, self, loss_scale)
     if loss_scale is None:
       raise ValueError(
           "loss_scale cannot be None: pass 'dynamic', a number or a LossScale.")
     super().__init__(use_locking=False, name=opt.get_name())
     self._optimizer = opt
     self._loss_scale = loss_scale_lib.get(loss_scale)
-    checkpointing.name_dependencies(self, base_optimizer=self._optimizer,
-                                       loss_scale=self._loss_scale)
+    private_api.name_dependencies(self, base_optimizer=self._optimizer,
+                                  loss_scale=self._loss_scale)
 
   @property
   def loss_scale(self) -> loss_scale_lib.LossScale:
@@ -158,10 +158,10 @@ class MixedPrecisionLossScaleOptimizer(checkpointing.HidesForwardedSlots,
     """Returns the names of the wrapped optimizer's slots.
 
     On TensorFlow 2.14 and earlier, an empty list, as TensorFlow's wrapper
-    returns (`checkpointing.V1_SLOT_NAMES_FORWARDED`); `get_slot` works on
+    returns (`private_api.V1_SLOT_NAMES_FORWARDED`); `get_slot` works on
     every version.
     """
-    if not checkpointing.V1_SLOT_NAMES_FORWARDED:
+    if not private_api.V1_SLOT_NAMES_FORWARDED:
       return []
     return self._optimizer.get_slot_names()
 

@@ -51,7 +51,9 @@ all-reduced ones, and every replica reaches it without exchanging it
   False)`). The step all-reduces the gradients once, in the replica context,
   decides on the exact sums (the same on every replica, so no further
   communication) and hands the sums to `apply_fn`. Nothing is reduced
-  beyond what the bare optimizer reduces.
+  beyond what the bare optimizer reduces. With `summed=True` the caller
+  has made the sums already: the step decides on them as they are and sums
+  nothing.
 - `reduces=True`: `apply_fn` all-reduces the gradients itself (a Keras 3
   optimizer's `apply`, a `tf.compat.v1` optimizer's `apply_gradients`), and
   no public API of those optimizers takes sums without summing them again.
@@ -229,6 +231,7 @@ def apply_step(grads: Sequence[Any],
                apply_fn: Callable[[List[Any]], Any],
                scaled: Optional[Sequence[bool]] = None,
                reduces: bool = True,
+               summed: bool = False,
                on_skip: Optional[Callable[[List[Any]], Any]] = None,
                names: Optional[Sequence[str]] = None,
                name: Optional[str] = None) -> Outcome:
@@ -244,13 +247,17 @@ def apply_step(grads: Sequence[Any],
       context, on every replica, only when the step is applied.
     scaled: None when `grads` are already unscaled; otherwise one bool per
       gradient, True where it is a gradient of the scaled loss (False, for
-      example, for Keras variables overwritten with their gradient).
+      example, for Keras variables overwritten with their gradient), divided
+      as Keras 3 divides them (half precision ones become float32).
     reduces: Whether `apply_fn` all-reduces the gradients itself (see the
       module docstring).
+    summed: Whether `grads` are already the sums across replicas, made by
+      the caller; then nothing sums them (`apply_fn` must not either) and
+      `reduces` does not matter.
     on_skip: The one place for work that runs only on a skipped step: called
       once, in the cross-replica context, with the step's unscaled gradients
-      (per-replica values under a strategy, or the sums when `reduces` is
-      False); may return an op.
+      (per-replica values under a strategy, or the sums when the step
+      applies sums); may return an op.
     names: One name per gradient for the skip report (see
       `tf_loss_scale.step_record.gradient_names`); by default positions.
     name: The name of `Outcome.op`.
@@ -271,13 +278,13 @@ def apply_step(grads: Sequence[Any],
     grads = unscale_where(grads, scaled, scale)
     if all(scaled):
       divided_by = scale
-  if not reduces:
+  if not (reduces or summed):
     grads = distribute.all_reduce_in_replica(grads)
+  summed = summed or not reduces
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
                        divided_by: Optional[tf.Tensor]) -> Outcome:
-    all_finite = lambda: verdict(grads, summed=not reduces,
-                                 divided_by=divided_by)
+    all_finite = lambda: verdict(grads, summed, divided_by=divided_by)
     flags = None
     if execution.in_xla_computation() and not tf.distribute.has_strategy():
       # The report's flags give the verdict too: XLA turns the branch into
@@ -287,8 +294,7 @@ def apply_step(grads: Sequence[Any],
       all_finite = lambda: tf.logical_not(
           tf.reduce_any(tf.logical_or(*flags())))
     decision = state.decide(grads, all_finite)
-    report = state.skip_reporter(grads, names, summed=not reduces,
-                                 flags=flags)
+    report = state.skip_reporter(grads, names, summed, flags=flags)
 
     def skip_side() -> Any:
       # Nothing here may run on a step that is applied.
@@ -344,7 +350,7 @@ def verdict(grads: List[Any], summed: bool,
 
 def unscale_where(grads: List[Any], scaled: Sequence[bool],
                   scale: tf.Tensor) -> List[Any]:
-  """Divides by `scale` the gradients marked as gradients of a scaled loss.
+  """Divides by `scale`, as Keras 3 does, the gradients of a scaled loss.
 
   Args:
     grads: A list of gradients (`None` allowed).
@@ -363,7 +369,7 @@ def unscale_where(grads: List[Any], scaled: Sequence[bool],
         f'Got {len(grads)} gradients but {len(scaled)} scaled flags: pass one '
         'flag per gradient.')
   unscaled = gradients.unscale(
-      [g if s else None for g, s in zip(grads, scaled)], scale)
+      [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
   return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
 
 

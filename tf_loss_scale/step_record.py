@@ -230,9 +230,9 @@ class StepRecord:
 
     def write() -> Any:
       nan, inf = flags() if flags else _locate(grads, summed)
-      # The steps counted before this one; -1 ("no report") while a TF1
-      # session has not initialised the counts.
-      step = _read_or(self._counts['steps'], -1)
+      # The steps counted before this one: 0 while a TF1 session has not
+      # initialised the counts, as no step has been counted yet.
+      step = _read_or(self._counts['steps'], 0)
       numbers = tf.stack([tf.cast(step, tf.float64),
                           tf.constant(site.index, tf.float64),
                           tf.cast(scale(), tf.float64)])
@@ -307,9 +307,10 @@ class StepRecord:
     """
     if not self.created:
       return None
+    sites = list(self._sites.values())
     if self._graph is None:
-      run = lambda tensor: tensor.numpy()
-      report = run(self._read_report())
+      report = self._read_report().numpy()
+      flags = [site.read_flags().numpy() for site in sites]
     else:
       if session is None:
         raise ValueError(
@@ -320,18 +321,31 @@ class StepRecord:
             'The session given runs another graph than the one this loss '
             'scale was built in: pass the Session that runs its training '
             'step.')
-      run = session.run
-      report = run(self._report_in_graph)
+      report, flags = _run_without_hooks(
+          session, (self._report_in_graph,
+                    [site.read_in_graph for site in sites]))
     if report[_SKIP_STEP] < 0:
       return None
-    site = list(self._sites.values())[int(report[_SKIP_SITE])]
-    nan_flags, inf_flags = run(site.read_in_graph if self._graph is not None
-                               else site.read_flags())
+    site_index = int(report[_SKIP_SITE])
+    site, (nan_flags, inf_flags) = sites[site_index], flags[site_index]
     nan = tuple(n for n, flag in zip(site.names, nan_flags) if flag)
     inf = tuple(n for n, flag in zip(site.names, inf_flags) if flag)
     return SkipReport(step=int(report[_SKIP_STEP]),
                       loss_scale=float(report[_SKIP_SCALE]), nan=nan,
                       inf=inf, cause=NAN if nan else OVERFLOW)
+
+
+def _run_without_hooks(session: Any, fetches: Any) -> Any:
+  """Runs `fetches` once, without the hooks of a `MonitoredSession`.
+
+  A read of the report is not a training step: the hooks (a step counter,
+  `LossScaleHook`) must not see it. One run reads one consistent record.
+  """
+  run_step_fn = getattr(session, 'run_step_fn', None)
+  if run_step_fn is None:
+    return session.run(fetches)
+  return run_step_fn(
+      lambda step_context: step_context.session.run(fetches))
 
 
 NAN_NOTE = (' A NaN is not an overflow: no loss scale will cure it. Look for '

@@ -39,7 +39,10 @@ class DemoConfig:
       makes the gradients as small as those of a loss averaged over 2**18
       outputs, which float16 flushes to zero unless the loss is scaled; 1
       trains the plain classifier, where the three runs agree.
-    initial_scale: The dynamic loss scale's first value.
+    initial_scale: The dynamic loss scale's first value. The default is
+      high enough that the first steps overflow float16 (the loss weight
+      makes 2**40 act as 2**22 on the unweighted loss): the scale comes down
+      in a few skipped steps, and the skip report says why each was skipped.
     growth_steps: Finite steps after which the dynamic scale doubles. The
       demo uses a short period so the scale's ups and downs show in a short
       run (libraries default to 2000).
@@ -59,7 +62,7 @@ class DemoConfig:
   hidden_units: int = 128
   learning_rate: float = 0.1
   loss_weight: float = 2.0**-18
-  initial_scale: float = 2.0**15
+  initial_scale: float = 2.0**40
   growth_steps: int = 100
   probe_every: int = 50
   seed: int = 0

@@ -93,4 +93,5 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer).save(
         os.path.join(checkpoint_dir, CHECKPOINT_PREFIX))
   return recorder.finish(keras_run.test_accuracy(model, digits), wall_time,
-                         checkpoint)
+                         checkpoint,
+                         monitoring.last_skip(optimizer) if scaled else None)

@@ -153,7 +153,9 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
     os.makedirs(checkpoint_dir, exist_ok=True)
     checkpoint = os.path.join(checkpoint_dir, CHECKPOINT_FILE)
     model.save(checkpoint)
-  return recorder.finish(test_accuracy(model, digits), wall_time, checkpoint)
+  return recorder.finish(
+      test_accuracy(model, digits), wall_time, checkpoint,
+      monitoring.last_skip(optimizer) if kind == config_lib.SCALED else None)
 
 
 class _StepsToRecorder(keras.callbacks.Callback):

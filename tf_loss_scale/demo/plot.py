@@ -63,6 +63,14 @@ def _draw_scales(axes, runs):
                if was_skipped]
     axes.scatter(skipped, [run.scales[step] for step in skipped], marker='x',
                  color='C3', zorder=3, label=f'skipped steps ({len(skipped)})')
+    report = run.skip_report
+    if report is not None and 0 <= report.step < len(run.scales):
+      axes.annotate(
+          f'last skip report: step {report.step}, {report.cause} '
+          f'({len(report.inf)} inf, {len(report.nan)} NaN gradients)',
+          (report.step, run.scales[report.step]), xytext=(0.97, 0.06),
+          textcoords='axes fraction', ha='right', fontsize=8, color='C3',
+          arrowprops={'arrowstyle': '->', 'color': 'C3'})
   axes.set_yscale('log', base=2)
   axes.set_xlabel('step')
   axes.set_ylabel('loss scale')

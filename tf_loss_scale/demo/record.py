@@ -63,7 +63,9 @@ class Recorder:
     self._bar.update(step + 1)
 
   def finish(self, test_accuracy: float, wall_time: float,
-             checkpoint: Optional[str] = None) -> results_lib.RunResult:
+             checkpoint: Optional[str] = None,
+             skip_report: Optional[monitoring.SkipReport] = None
+            ) -> results_lib.RunResult:
     """Ends the progress bar, writes the losses and returns the results.
 
     Call it eagerly (outside a TF1 graph): the TensorBoard writer is
@@ -73,6 +75,7 @@ class Recorder:
       test_accuracy: The trained model's accuracy on the test set.
       wall_time: Seconds spent training.
       checkpoint: Where the run saved its model and optimizer, if it did.
+      skip_report: What `monitoring.last_skip` said after training.
 
     Returns:
       The run's `RunResult`.
@@ -91,4 +94,4 @@ class Recorder:
                           if probed else None),
         gradient_histogram=self._histogram if probed else None,
         test_accuracy=test_accuracy, wall_time=wall_time,
-        checkpoint=checkpoint)
+        checkpoint=checkpoint, skip_report=skip_report)

@@ -99,6 +99,28 @@ def format_table(runs: List[results_lib.RunResult], loss_window: int,
                    [line(row) for row in rows] + ['', legend])
 
 
+def format_skips(run: results_lib.RunResult, shown: int = 10) -> str:
+  """Which steps of a scaled run were skipped, and the last one's report.
+
+  Args:
+    run: A run with a loss scale.
+    shown: How many skipped steps to list at most.
+
+  Returns:
+    One or two lines, without a final newline.
+  """
+  steps = [step for step, skipped in enumerate(run.skipped) if skipped]
+  if not steps:
+    return f'{run.name}: no step was skipped.'
+  listed = ', '.join(map(str, steps[:shown])) + (
+      ', ...' if len(steps) > shown else '')
+  text = f'{run.name}: skipped steps {listed}.'
+  if run.skip_report is not None:
+    text += (f'\nWhy the last was skipped (tf_loss_scale.monitoring.'
+             f'last_skip): {run.skip_report}.')
+  return text
+
+
 def commands(checkpoint: Optional[str], tensorboard_dir: str) -> str:
   """The commands that look further into the demo's output, one per line.
 

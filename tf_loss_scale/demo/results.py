@@ -37,6 +37,8 @@ class RunResult:
     wall_time: Seconds spent training, probes included.
     checkpoint: The checkpoint the run saved its model and optimizer to
       (what `tf-loss-scale inspect` reads), or None.
+    skip_report: Why the run's last skipped step was skipped (a
+      `tf_loss_scale.monitoring.SkipReport`), or None.
   """
   name: str
   losses: List[float]
@@ -47,6 +49,7 @@ class RunResult:
   test_accuracy: float
   wall_time: float
   checkpoint: Optional[str] = None
+  skip_report: Optional[Any] = None
 
   @property
   def skipped_steps(self) -> int:
@@ -72,6 +75,8 @@ class RunResult:
         'final_scale': self.final_scale,
         'seconds': self.wall_time,
         'checkpoint': self.checkpoint,
+        'skip_report': (dataclasses.asdict(self.skip_report)
+                        if self.skip_report else None),
     }
 
 

@@ -102,7 +102,7 @@ def _train_and_report(config: config_lib.DemoConfig, api_note: str,
                               checkpoint_dir, stream))
   stream.write('\n' + report.format_table(runs, results_lib.LOSS_WINDOW,
                                           config.probe_every) +
-               '\n')
+               '\n\n' + report.format_skips(runs[-1]) + '\n')
   plot_path = os.path.join(config.out, PLOT_FILE)
   plot.save_plot(runs, plot_path, config)
   results_path = os.path.join(config.out, RESULTS_FILE)

@@ -90,13 +90,18 @@ def train(kind: str, name: str, config: config_lib.DemoConfig,
           recorder.step(step, step_loss)
       wall_time = time.perf_counter() - start
       test_accuracy = float(_run_without_hooks(session, accuracy))
+      skip_report = None
+      if hooks:
+        skip_report = session.run_step_fn(
+            lambda step_context: monitoring.last_skip(optimizer,
+                                                      step_context.session))
       checkpoint = None
       if saver:
         checkpoint = session.run_step_fn(lambda step_context: saver.save(
             step_context.session, os.path.join(checkpoint_dir,
                                                CHECKPOINT_PREFIX)))
   # Out of the graph: the recorder writes its event file eagerly.
-  return recorder.finish(test_accuracy, wall_time, checkpoint)
+  return recorder.finish(test_accuracy, wall_time, checkpoint, skip_report)
 
 
 def _make_params(hidden: int, seed: int) -> List[tf.Variable]:

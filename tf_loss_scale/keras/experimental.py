@@ -35,7 +35,6 @@ from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Optional,
 
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
@@ -43,6 +42,7 @@ from tf_loss_scale import guards
 from tf_loss_scale import lazy
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
+from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale import step_record
 from tf_loss_scale.keras import families
@@ -104,7 +104,7 @@ def forwarded_names(inner_optimizer: Any,
 
 
 class LossScaleOptimizer(protocols.TwoProtocols,
-                         checkpointing.DelegatesCheckpointToInner):
+                         private_api.DelegatesCheckpointToInner):
   """Loss scaling with TF 2.3's API, around any Keras optimizer.
 
   Custom loop (as in TF 2.3):
@@ -175,7 +175,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         wrapped, `loss_scale` is None or not one of the above, or under an
         unsupported strategy.
     """
-    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, loss_scale)
+    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, self,
+                             loss_scale)
     self._check_inner_optimizer(optimizer)
     scale = loss_scale_from(loss_scale)
     # The wrapper's only state; set past Keras's attribute tracking, which
@@ -316,7 +317,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   def _apply_step(self, grads: Sequence[Any],
                   apply_inner: Callable[[List[Any]], Any],
-                  inner_sums: bool,
+                  inner_sums: bool = False, summed: bool = False,
                   variables: Optional[Sequence[Any]] = None
                  ) -> Optional[tf.Operation]:
     """Runs the step on unscaled gradients (`step.apply_step`).
@@ -330,6 +331,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       inner_sums: Whether `apply_inner` sums the gradients across replicas
         itself; otherwise the step sums them once, decides on the sums and
         hands them to `apply_inner`, which must not sum them again.
+      summed: Whether `grads` are sums the caller made: the step decides on
+        them as they are and `apply_inner` applies them, summing nothing.
       variables: The gradients' variables, to name them in a skip report;
         by default they are named by position.
 
@@ -347,7 +350,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     distribute.require_replica_context(where)
     outcome = step.apply_step(
         grads, step.LossScaleState(self._loss_scale), apply_inner,
-        scaled=self._scaled_flags(grads, variables), reduces=inner_sums, on_skip=lambda _: self._on_skipped_step(),
+        scaled=self._scaled_flags(grads, variables), reduces=inner_sums,
+        summed=summed, on_skip=lambda _: self._on_skipped_step(),
         names=(None if variables is None else
                step_record.gradient_names(variables)))
     # Eagerly the step has run; in a tf.function its ops run in program

@@ -18,7 +18,7 @@ every optimizer that is not one); none of their code runs on the wrapper.
 Every public member of those classes is defined here or in `experimental`,
 or forwarded to the inner optimizer (the rule in `experimental`).
 
-Checkpoints follow TF 2.3 (`checkpointing.DelegatesCheckpointToInner`), so
+Checkpoints follow TF 2.3 (`private_api.DelegatesCheckpointToInner`), so
 they also move to and from Keras 2's own `LossScaleOptimizer` around legacy
 optimizers, which kept TF 2.3's layout.
 """
@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale.keras import experimental
 from tf_loss_scale.keras import families
@@ -101,7 +101,7 @@ class _Keras2(experimental.LossScaleOptimizer):
     return self.loss_scale.good_steps if self.dynamic else None
 
 
-class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
+class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
   """Loss scaling around a Keras 2 legacy optimizer (TF 2.3's contract).
 
   `apply_gradients` takes unscaled gradients; `minimize` and
@@ -123,7 +123,8 @@ class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
         unscaled (see `get_unscaled_gradients`).
       name: Passed to the inner optimizer.
       experimental_aggregate_gradients: Whether to sum the gradients across
-        replicas (once; the verdict is taken on the sums).
+        replicas (once; the verdict is taken on the sums); False when they
+        are sums already, on which the verdict is taken as they are.
 
     Returns:
       In a TF1 graph, the op that runs the step; None otherwise.
@@ -135,7 +136,7 @@ class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
         lambda grads: self.inner_optimizer.apply_gradients(
             list(zip(grads, variables)), name=name,
             experimental_aggregate_gradients=False),
-        inner_sums=not experimental_aggregate_gradients, variables=variables)
+        summed=not experimental_aggregate_gradients, variables=variables)
 
   def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
     """Gradients of `loss`, computed on the scaled loss and unscaled (graphs).
@@ -196,7 +197,7 @@ class _Legacy(checkpointing.ForwardsLegacySlotRestoration, _Keras2):
     self.inner_optimizer.set_weights(weights)
 
 
-class _New(slots.SlotsByVariable, checkpointing.HidesForwardedSlots, _Keras2):
+class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
   """Loss scaling around a Keras 2 new optimizer.
 
   The same contract as the legacy class, with the methods these optimizers
@@ -222,8 +223,9 @@ class _New(slots.SlotsByVariable, checkpointing.HidesForwardedSlots, _Keras2):
         unscaled (see `get_unscaled_gradients`).
       name: Passed to the inner optimizer.
       skip_gradients_aggregation: Whether the gradients are already summed
-        across replicas (otherwise they are summed once and the verdict is
-        taken on the sums).
+        across replicas (the verdict is then taken on them as they are;
+        otherwise they are summed once and the verdict is taken on the
+        sums).
       **kwargs: Passed to the inner optimizer.
 
     Returns:
@@ -240,7 +242,7 @@ class _New(slots.SlotsByVariable, checkpointing.HidesForwardedSlots, _Keras2):
         lambda grads: self.inner_optimizer.apply_gradients(
             list(zip(grads, variables)), name=name,
             skip_gradients_aggregation=True, **kwargs),
-        inner_sums=skip_gradients_aggregation, variables=variables)
+        summed=skip_gradients_aggregation, variables=variables)
 
   def compute_gradients(self, loss: Any, var_list: Any,
                         tape: Optional[tf.GradientTape] = None

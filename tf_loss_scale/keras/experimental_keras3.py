@@ -20,7 +20,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale.keras import experimental
 from tf_loss_scale.keras import families
@@ -32,7 +32,7 @@ from tf_loss_scale.keras import slots
     package='tf_loss_scale.experimental', name='LossScaleOptimizer')
 class LossScaleOptimizer(slots.SlotsByVariable,
                          experimental.LossScaleOptimizer,
-                         checkpointing.HidesForwardedSlots,
+                         private_api.HidesForwardedSlots,
                          keras.optimizers.LossScaleOptimizer):
   """`experimental.LossScaleOptimizer` around a Keras 3 optimizer.
 

@@ -16,7 +16,6 @@ optimizer's `loss_scale_factor` is cleared on every release, as Keras does
 from 3.12 and 3.10 on.
 """
 
-import math
 import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -30,6 +29,7 @@ from tf_loss_scale import gradients
 from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
+from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale import step_record
 # First: refuses an unsupported Keras before anything subclasses Keras 3's.
@@ -86,7 +86,8 @@ def _without_base_optimizer_defaults(
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale', name='LossScaleOptimizer')
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
+                         keras.optimizers.LossScaleOptimizer):
   """Dynamic loss scaling around a Keras 3 optimizer, as in Keras 3.
 
   A drop-in for `keras.optimizers.LossScaleOptimizer`: same arguments,
@@ -95,16 +96,18 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
   `.keras` files, weights, state trees and checkpoints move between the two
   classes in both directions.
 
-  Each `apply` unscales the gradients of the scaled loss, decides whether
-  the gradients that will be applied (under a strategy, their sums across
+  Each `apply` divides the gradients of the scaled loss by the scale, as
+  Keras's class does (float16 ones become float32), decides whether the
+  gradients that will be applied (under a strategy, their sums across
   replicas) are all finite, advances the scale and lets the inner optimizer
   apply them, or skips the step on every replica. A skipped step changes no
   model or inner optimizer variable (`iterations` does not count it) and
   halves the scale; `dynamic_growth_steps` finite steps in a row double it.
-  Where it differs from Keras's class, deliberately: the scale never falls
-  below 1 nor grows to inf, and under a strategy a step is skipped when the
-  gradients of any replica, or their sum, are not finite (Keras's class
-  trusts the first replica's gradients before the sum).
+  Unlike Keras's class: the scale never starts or falls below 1, nor grows
+  to inf, and under a strategy a step is skipped when the gradients of any
+  replica, or their sum, are not finite (Keras's trusts the first
+  replica's before the sum) or, while the scale is below twice the number
+  of replicas, could add up past their dtype's largest value.
 
   Custom loop:
 
@@ -132,8 +135,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     Args:
       inner_optimizer: The Keras 3 optimizer that applies the gradients. Its
         `loss_scale_factor` is set to None, as Keras's class does.
-      initial_scale: The first loss scale, a finite positive number. High is
-        cheap: a too-high scale costs a few skipped steps.
+      initial_scale: The first loss scale, a finite number of at least 1.
+        High is cheap: a too-high scale costs a few skipped steps.
       dynamic_growth_steps: Finite steps in a row after which the scale
         doubles, an integer of at least 1.
       name: The optimizer's name.
@@ -148,9 +151,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         an out of range number, an inner optimizer that is a loss scale
         optimizer or is already wrapped; or under an unsupported strategy.
     """
-    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM)
+    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM, self)
     keras3_support.check_replicas_are_summed(f'{type(self).__name__}()')
-    _check_scale_arguments(initial_scale, dynamic_growth_steps)
+    loss_scale_lib.check_scale_arguments(
+        initial_scale, dynamic_growth_steps, floor=1.0)
     # Base optimizer arguments: refused on every Keras release.
     kwargs = _without_base_optimizer_defaults(type(self).__name__, kwargs)
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
@@ -181,7 +185,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     # The skip report's flags, one per variable, made now so that they are
     # not created while Keras traces its train function.
     self._monitor.create(step_record.gradient_names(var_list))
-    self._scratch.remember_layout(self.inner_optimizer)
+    self._scratch.remember_build(self.inner_optimizer, var_list)
+
+  def _saved_model_only_children(self) -> Dict[str, Any]:
+    # A traced `apply` captures the record, which checkpoints leave out.
+    return self._monitor.variables()
 
   @property
   def skipped_steps(self) -> tf.Tensor:
@@ -247,7 +255,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       with keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
     guards.check_step(where, [self.dynamic_scale, self.step_counter])
-    variables = list(trainable_variables or self._trainable_variables)
+    variables = list(trainable_variables or self._scratch.built_with)
     grads = list(grads)
     step.apply_step(
         grads, self._scale_state(),
@@ -295,7 +303,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
           '(Keras\'s optimizers cannot run statelessly there); use apply() '
           'inside strategy.run.')
     variables = self.variables
-    model_variables = list(self._trainable_variables)
+    model_variables = self._scratch.built_with
     if len(optimizer_variables) != len(variables):
       raise ValueError(
           'Argument `optimizer_variables` must be a list of tensors '
@@ -404,9 +412,10 @@ class _KerasScale(step.ScaleState):
 
 
 class _Scratch:
-  """Copies of an inner optimizer on scratch variables, for stateless steps.
+  """What the optimizer was built with, and copies of it for stateless steps.
 
-  Keras's TensorFlow optimizers can only update real variables, so a
+  `built_with` holds the model variables of `build` (Keras keeps them only
+  in a private list). Keras's TensorFlow optimizers can only update real variables, so a
   stateless step loads the given values into variables of its own, lets a
   copy of the inner optimizer update them, and reads them back. A copy is
   remade whenever the inner optimizer's settings (its config) differ from
@@ -419,9 +428,12 @@ class _Scratch:
   def __init__(self):
     self._layout = None
     self._copy = None
+    self.built_with = []
 
-  def remember_layout(self, inner: keras.optimizers.Optimizer) -> None:
-    """Records the config that decided `inner`'s variables (at its build)."""
+  def remember_build(self, inner: keras.optimizers.Optimizer,
+                     var_list: Sequence[Any]) -> None:
+    """Records `build`'s model variables and `inner`'s config at its build."""
+    self.built_with = list(var_list)
     with tf.init_scope():  # The config reads variables' values.
       self._layout = inner.get_config()
 
@@ -508,23 +520,3 @@ def _settings(config: Dict[str, Any]) -> Dict[str, Any]:
 
 def _index_of(variables: List[Any], wanted: Any) -> int:
   return next(i for i, v in enumerate(variables) if v is wanted)
-
-
-def _check_scale_arguments(initial_scale: Any,
-                           dynamic_growth_steps: Any) -> None:
-  for name, value in (('initial_scale', initial_scale),
-                      ('dynamic_growth_steps', dynamic_growth_steps)):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-      raise TypeError(
-          f'{name} must be a number, but got {value!r} of type '
-          f'{type(value).__name__}.')
-  if not (math.isfinite(initial_scale) and
-          0 < initial_scale <= float(tf.float32.max)):
-    raise ValueError(
-        'initial_scale must be a finite positive number that fits in '
-        f'float32, but got initial_scale={initial_scale!r}.')
-  if not (float(dynamic_growth_steps).is_integer() and
-          dynamic_growth_steps >= 1):
-    raise ValueError(
-        'dynamic_growth_steps must be an integer of at least 1, but got '
-        f'dynamic_growth_steps={dynamic_growth_steps!r}.')

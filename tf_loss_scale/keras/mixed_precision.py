@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 import keras
 import tensorflow as tf
 
-from tf_loss_scale import checkpointing
+from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale.keras import loss_scale_optimizer
 from tf_loss_scale.keras import protocols
@@ -112,7 +112,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if dynamic:
       # tf_keras's checkpoint layout, as a second path to the same variables.
       object.__setattr__(self, '_tf_keras_layout', tf.Module())
-      checkpointing.name_dependencies(self, loss_scale=self._tf_keras_layout)
+      private_api.name_dependencies(self, loss_scale=self._tf_keras_layout)
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`.
@@ -210,7 +210,7 @@ class _FixedScale(step.ScaleState):
     return self._scale
 
   def decide(self, grads: Any, all_finite: Any) -> step.Decision:
-    return step.Decision(tf.constant(True))
+    return step.Decision(True)
 
   def advance(self, verdict: Any, after: Any) -> Any:
     return self._values  # Stateless: the values given, unchanged.

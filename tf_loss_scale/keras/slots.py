@@ -4,15 +4,15 @@ Keras 3 optimizers and Keras 2's new optimizers have no `get_slot`: they
 keep their slots (momentum, velocity, EMA averages, accumulators) in
 private lists. TF 2.3's wrapper offered `get_slot(var, name)`, so the
 experimental form answers it from a `SlotTable`: while the wrapper builds
-the inner optimizer, every variable the inner optimizer creates through its
-public `add_variable_from_reference(reference, name, ...)` is recorded
-under the reference variable itself, not its name (two variables may share
-a name, and the inner optimizer may be built in another order).
+the inner optimizer, every slot it creates is recorded under the model
+variable itself, not its name (two variables may share a name, and the
+inner optimizer may be built in another order), through
+`private_api.slots_created`: no public API of either Keras tells.
 """
 
-import contextlib
-import inspect
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
+
+from tf_loss_scale import private_api
 
 
 class SlotTable:
@@ -22,36 +22,6 @@ class SlotTable:
     # id(variable) -> (variable, {slot name: slot}); the variable is kept so
     # that its id is never reused for another while the table lives.
     self._by_variable: Dict[int, Tuple[Any, Dict[str, Any]]] = {}
-
-  @contextlib.contextmanager
-  def recording(self, optimizer: Any) -> Iterator[None]:
-    """Records the slots `optimizer` creates inside the `with` block.
-
-    Args:
-      optimizer: A Keras 3 or Keras 2 new optimizer.
-
-    Yields:
-      Nothing; on exit `optimizer` is as it was.
-    """
-    create = optimizer.add_variable_from_reference
-
-    def create_and_record(*args, **kwargs):
-      slot = create(*args, **kwargs)
-      # The reference variable and the slot's name are the first two
-      # arguments (their names differ between Keras 2 and Keras 3).
-      signature = inspect.signature(create)
-      reference_arg, name_arg = list(signature.parameters)[:2]
-      given = signature.bind(*args, **kwargs).arguments
-      self.add(given[reference_arg], given.get(name_arg), slot)
-      return slot
-
-    # An instance attribute shadows the class's method for this object only;
-    # set and removed past Keras's attribute tracking.
-    optimizer.__dict__['add_variable_from_reference'] = create_and_record
-    try:
-      yield
-    finally:
-      del optimizer.__dict__['add_variable_from_reference']
 
   def add(self, variable: Any, name: str, slot: Any) -> None:
     """Records `slot` as the slot `name` of `variable`."""
@@ -96,7 +66,7 @@ class SlotsByVariable:
 
   def _build_inner(self, var_list: Sequence[Any]) -> None:
     """Builds the inner optimizer for `var_list`, recording its slots."""
-    with self._slots.recording(self.inner_optimizer):
+    with private_api.slots_created(self.inner_optimizer, self._slots.add):
       self.inner_optimizer.build(var_list)
 
   def add_slot(self, var: Any, slot_name: str,
