@@ -16,7 +16,7 @@ import fresh_process
 import keras_families
 
 _LEGACY_SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               'legacy_scripts')
+                               'legacy')
 _GUIDE_LOOP = 'tf23_custom_training_loop.py'
 _COMPILE_FIT = 'tf23_compile_fit.py'
 

@@ -1,0 +1,50 @@
+"""TF 2.4-2.15 Keras: training that saves a checkpoint and resumes from it.
+
+Each run restores the latest `tf.train.Checkpoint` in ./checkpoints (if
+any), trains three steps with `LossScaleOptimizer(opt)` in a custom loop and
+saves. The first run's first step overflows in float16 at 2**15 and is
+skipped; the second run must resume at 2**14 with two finite steps counted
+(at 2**15 its steps would not overflow, and the scale and counter would
+end elsewhere). Run it twice in one directory, e.g. first with TensorFlow
+2.15 or tf_keras, then with the TensorFlow to move to.
+"""
+# Runs after: compat.install()
+# Keras: yes
+# Resumes: yes
+
+import json
+
+import numpy as np
+import tensorflow as tf
+
+w = tf.Variable([[0.0]], name='w')
+opt = tf.keras.mixed_precision.LossScaleOptimizer(
+    tf.keras.optimizers.SGD(learning_rate=0.1))
+checkpoint = tf.train.Checkpoint(w=w, optimizer=opt)
+manager = tf.train.CheckpointManager(checkpoint, 'checkpoints', max_to_keep=2)
+resumed = manager.latest_checkpoint is not None
+checkpoint.restore(manager.latest_checkpoint)
+
+
+@tf.function
+def train_step(x, y):
+  with tf.GradientTape() as tape:
+    prediction = tf.matmul(tf.cast(x, tf.float16), tf.cast(w, tf.float16))
+    loss = tf.reduce_mean(tf.square(tf.cast(prediction, tf.float32) - y))
+    scaled_loss = opt.get_scaled_loss(loss)
+  grads = opt.get_unscaled_gradients(tape.gradient(scaled_loss, [w]))
+  opt.apply_gradients(zip(grads, [w]))
+
+
+for _ in range(3):
+  train_step(tf.ones((4, 1)), tf.fill((4, 1), 1.5))
+manager.save()
+
+state = (float(opt.loss_scale), int(opt.dynamic_counter), int(opt.iterations))
+applied = 5 if resumed else 2
+assert state == ((16384.0, 5, 6) if resumed else (16384.0, 2, 3)), state
+np.testing.assert_allclose(w.numpy()[0, 0], 1.5 * (1 - 0.8 ** applied),
+                           rtol=1e-2)
+print(json.dumps({'resumed': resumed, 'loss_scale': state[0],
+                  'dynamic_counter': state[1], 'iterations': state[2],
+                  'w': float(w.numpy()[0, 0])}))
