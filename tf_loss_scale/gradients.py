@@ -192,7 +192,7 @@ def _counted(values: List[tf.Tensor]) -> tf.Tensor:
   for v in values:
     small = (v.shape.is_fully_defined() and
              v.shape.num_elements() <= _SUMMED_SIZE)
-    by_shape.setdefault((v.dtype, tuple(v.shape)) if small else id(v),
+    by_shape.setdefault((v.dtype, tuple(v.shape.as_list())) if small else id(v),
                         []).append(v)
   flagged = tf.add_n([tf.raw_ops.DebugNumericSummaryV2(
       input=terms[0] if len(terms) == 1 else tf.add_n(terms),
