@@ -12,11 +12,8 @@ tf_loss_scale.compat.install()
 # opt = mixed_precision.LossScaleOptimizer(opt, loss_scale='dynamic')
 ```
 
-The Keras names go into the Keras that `tf.keras` is: Keras 2 (the `keras`
-2.x of TensorFlow <= 2.15), Keras 3 (2.16 and later), or `tf_keras` when
-TensorFlow 2.16+ was imported with `TF_USE_LEGACY_KERAS=1`. Names TensorFlow
-still defines (the `tf.compat.v1` loss scale classes) are left alone unless
-`install(override=True)`.
+The Keras names go into the Keras that `tf.keras` is. See
+docs/migrating_tf23.md.
 """
 
 import importlib
@@ -40,28 +37,12 @@ _LOSS_SCALE_NAMES = ('LossScale', 'FixedLossScale', 'DynamicLossScale')
 def install(override: bool = False) -> None:
   """Makes the legacy loss scaling names resolve to this library.
 
-  After this call:
-  - `tf.keras.mixed_precision.experimental` offers TF 2.3's names there:
-    `LossScaleOptimizer` (this library's
-    `tf_loss_scale.keras.experimental.LossScaleOptimizer`), and its `Policy`,
-    `set_policy`, `global_policy` and `get_layer_policy`. The same module is
-    reachable as `keras.mixed_precision.experimental` (or
-    `tf_keras.mixed_precision.experimental`), from `tf.compat.v1.keras`
-    (except on TensorFlow 2.12, whose module there could not forget it
-    again) and by `import`;
-  - `tf.keras.Model.compile` applies the `Policy`'s loss scale, as TF 2.3's;
-  - on Keras 3, `tf.keras.mixed_precision.LossScaleOptimizer` (and
-    `keras.mixed_precision.LossScaleOptimizer`) is TF 2.4-2.15's class,
-    `tf_loss_scale.keras.mixed_precision.LossScaleOptimizer`; Keras itself
-    keeps using its own. With Keras 2 that name is TensorFlow's, left alone;
-  - `tf.train.experimental` and `tf.mixed_precision.experimental` offer
-    `LossScale`, `FixedLossScale` and `DynamicLossScale`, and the former
-    `tf_loss_scale.graph_rewrite`'s two functions.
-  With `override=True`, the names TensorFlow still ships
-  (`tf.compat.v1.mixed_precision.*` and `tf.compat.v1.train.experimental.*`
-  loss scales, `MixedPrecisionLossScaleOptimizer` and graph rewrite) are
-  replaced too.
-  Calling it again does nothing more (it is idempotent); to change `override`,
+  TF 2.3's `tf.keras.mixed_precision.experimental` (reachable by attribute
+  and by `import`, also from `keras`/`tf_keras` and `tf.compat.v1.keras`
+  except on TF 2.12), `Model.compile` applying the `Policy`'s loss scale,
+  on Keras 3 TF 2.4-2.15's `mixed_precision.LossScaleOptimizer`, and the
+  loss scales and graph rewrite in `tf.train.experimental` and
+  `tf.mixed_precision.experimental`. Idempotent: to change `override`,
   call `uninstall()` first.
 
   Args:
@@ -98,7 +79,8 @@ def install(override: bool = False) -> None:
       'enable_mixed_precision_graph_rewrite',
       'disable_mixed_precision_graph_rewrite')}
   for name, value in dict(loss_scales, **rewrite).items():
-    _set_if_absent(tf.train.experimental, name, value)
+    if not hasattr(tf.train.experimental, name):
+      _replace(tf.train.experimental, name, value)
 
   _attach_module(tf, 'mixed_precision',
                  _new_module('tensorflow.mixed_precision'))
@@ -176,11 +158,6 @@ def _attach_module(namespace: Any, name: str, module: types.ModuleType) -> None:
   _installed_modules.setdefault(module.__name__,
                                 sys.modules.get(module.__name__, _MISSING))
   sys.modules[module.__name__] = module
-
-
-def _set_if_absent(namespace: Any, name: str, value: Any) -> None:
-  if not hasattr(namespace, name):
-    _replace(namespace, name, value)
 
 
 def _replace(namespace: Any, name: str, value: Any) -> None:

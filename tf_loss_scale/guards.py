@@ -5,28 +5,10 @@ One policy for the four front ends: `tf_loss_scale.MixedPrecisionLossScaleOptimi
 experimental.LossScaleOptimizer` around Keras 3 and around tf_keras
 optimizers. Each calls `check_new_wrapper` in its constructor and
 `check_step` when a step starts, before anything of the step is built, so a
-refused call changes nothing. The rules:
-
-- Each form wraps its own family of optimizer (`V1_FORM`, `KERAS_FORM`,
-  `EXPERIMENTAL_FORM`) and, given another, names the form that takes it.
-- A loss scale optimizer is never wrapped (this library's or a peer's:
-  Keras's, tf_keras's, TensorFlow's v1), nor an optimizer that a live one
-  of ours holds (marked with a weak reference to it): two steps per
-  training step, driven by two loss scales. Not caught: an optimizer a
-  peer's wrapper holds (they leave no public mark). A dropped wrapper holds
-  its optimizer until it is freed (in a reference cycle, until the garbage
-  collector runs).
-- Loss scaling runs under no strategy, `MirroredStrategy`,
-  `MultiWorkerMirroredStrategy` or `OneDeviceStrategy`: not under
-  `CentralStorageStrategy` or `ParameterServerStrategy` (a replica holds no
-  copy of the variables, so the replicas cannot skip a step together), nor
-  `TPUStrategy` (TPUs compute in bfloat16, which needs no loss scale).
-- Under a strategy, the loss scale and the optimizer must have been created
-  in its scope: otherwise their variables are not mirrored and each replica
-  would update one copy of its own.
-
-Messages start with the peer's wording where the peer has one (TensorFlow's
-and TF 2.3's, tf_keras's), then say what to do.
+refused call changes nothing. Each form wraps its own family; no loss scale
+optimizer is wrapped, nor an optimizer a live one of ours holds (marked by a
+weak reference); strategies are refused as docs/distribution.md says.
+Messages start with the peer's wording where it has one, then say what to do.
 """
 
 import sys
@@ -96,24 +78,22 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
                       loss_scale: Any = None) -> None:
   """Refuses what no front end may wrap, and a strategy it cannot run under.
 
-  Call it first in a constructor, before anything is created. If nothing is
-  refused, marks `optimizer` as held by `wrapper`.
+  Call it first in a constructor. If nothing is refused, marks `optimizer`
+  as held by `wrapper`.
 
   Args:
     optimizer: The optimizer about to be wrapped.
     form: The front end being constructed.
-    wrapper: The wrapper being constructed; it holds `optimizer` once its
-      `inner_optimizer` is `optimizer`.
-    loss_scale: The loss scale the wrapper will drive, if it exists already
-      (a `LossScale`); anything else (an identifier, None) is ignored.
+    wrapper: The wrapper being constructed.
+    loss_scale: The loss scale the wrapper will drive, if it exists already;
+      anything else (an identifier, None) is ignored.
 
   Raises:
     TypeError: If a Keras form is given an optimizer of another family.
     ValueError: If the v1 form is given an optimizer of another family; if
       `optimizer` is a loss scale optimizer or a live one of ours holds it;
-      under a
-      strategy the library refuses; or if `optimizer` or `loss_scale` was
-      created outside the current strategy's scope.
+      under a strategy the library refuses; or for state created outside
+      the current strategy's scope.
   """
   if isinstance(optimizer, _loss_scale_optimizer_types()):
     raise ValueError(
@@ -135,28 +115,37 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
 def check_family(optimizer: Any, form: Form) -> None:
   """Refuses an optimizer of a family `form` does not wrap.
 
-  Args:
-    optimizer: The optimizer about to be wrapped.
-    form: The front end being constructed.
-
   Raises:
     TypeError: For a Keras form, naming the form that takes `optimizer`.
     ValueError: For the v1 form (TensorFlow's type), naming the form too.
   """
-  if not form.accepts(optimizer):
-    _raise_wrong_family(optimizer, form)
+  if form.accepts(optimizer):
+    return
+  hint = next((text for is_family, text in _FORM_FOR_FAMILY
+               if is_family(optimizer)), '')
+  if form is V1_FORM:
+    # TensorFlow's v1 wrapper raises ValueError, with these first words.
+    raise ValueError(
+        f'"opt" must be an instance of Optimizer, but got: {type(optimizer)}. '
+        f'{form.name} wraps {form.accepted}. {hint}'.strip())
+  # TF 2.3's first words for the experimental form; the Keras 3 form's peer
+  # checks nothing, so its message takes the same shape.
+  needed = ('an instance of OptimizerV2' if form is EXPERIMENTAL_FORM else
+            'a Keras 3 optimizer')
+  raise TypeError(
+      f'"{form.argument}" must be {needed}, but got: {optimizer}. '
+      f'{form.name} wraps {form.accepted}; got an object of type '
+      f'{type(optimizer).__name__}. {hint}'.strip())
 
 
 def check_step(where: str, state: Sequence[Any]) -> None:
   """Refuses a step under a strategy the library does not support.
 
-  Call it when a step starts, before anything of the step is built. Nothing
-  is checked outside any strategy.
+  Call it when a step starts, before anything of the step is built.
 
   Args:
     where: The call being checked, named in the messages.
-    state: What the step reads or writes: loss scales, optimizers (of any
-      family) and variables (`tf.Variable`s or Keras variables); their
+    state: Loss scales, optimizers and variables the step uses; their
       variables that exist so far are checked. Anything else is ignored.
 
   Raises:
@@ -197,33 +186,9 @@ def check_step(where: str, state: Sequence[Any]) -> None:
         '`with strategy.scope():`, and do not use them before that.')
 
 
-def _raise_wrong_family(optimizer: Any, form: Form) -> None:
-  hint = next((text for is_family, text in _FORM_FOR_FAMILY
-               if is_family(optimizer)), '')
-  if form is V1_FORM:
-    # TensorFlow's v1 wrapper raises ValueError, with these first words.
-    raise ValueError(
-        f'"opt" must be an instance of Optimizer, but got: {type(optimizer)}. '
-        f'{form.name} wraps {form.accepted}. {hint}'.strip())
-  # TF 2.3's first words for the experimental form; the Keras 3 form's peer
-  # checks nothing, so its message takes the same shape.
-  needed = ('an instance of OptimizerV2' if form is EXPERIMENTAL_FORM else
-            'a Keras 3 optimizer')
-  raise TypeError(
-      f'"{form.argument}" must be {needed}, but got: {optimizer}. '
-      f'{form.name} wraps {form.accepted}; got an object of type '
-      f'{type(optimizer).__name__}. {hint}'.strip())
-
-
 def _keras_namespaces() -> list:
-  """The public API namespaces of the Keras packages already imported.
-
-  `keras` and `tf_keras` where their top level is their API; on TensorFlow
-  2.15 and earlier the top level of `keras` is not (its public API is
-  `tf.keras`), so `tf.keras` too once a Keras is imported. Looked up among
-  the modules already imported: no optimizer of a package can exist before
-  that package is imported, and asking imports none.
-  """
+  """The API namespaces of the Keras packages already imported (none else
+  can have made an optimizer); `tf.keras` too, Keras 2's API on TF <= 2.15."""
   namespaces = [sys.modules.get('keras'), sys.modules.get('tf_keras')]
   if any(namespaces):
     namespaces.append(tf.keras)
@@ -247,12 +212,7 @@ def _loss_scale_optimizer_types() -> tuple:
 def _keras_optimizer_types(keras3: bool) -> tuple:
   """Optimizer base classes of the Keras packages already imported.
 
-  Args:
-    keras3: Whether to keep only Keras 3's (told by `stateless_apply`, which
-      Keras 2's optimizers lack).
-
-  Returns:
-    A tuple of classes.
+  Only Keras 3's (told by `stateless_apply`) when `keras3`.
   """
   found = []
   for keras in _keras_namespaces():

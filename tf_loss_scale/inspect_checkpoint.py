@@ -1,23 +1,8 @@
 """Finds the loss scale state held in a checkpoint, whoever wrote it.
 
-Three kinds of file are read:
-
-- TF1 `tf.compat.v1.train.Saver` checkpoints, keyed by variable name;
-- object-based `tf.train.Checkpoint` checkpoints, keyed by object path;
-- Keras `.keras` files (Keras 3, and Keras 2.12 to 2.15), whose optimizer
-  variables are stored by position.
-
-Two layouts of loss scale state are recognised in each: the
-`current_loss_scale`/`good_steps` pair of TensorFlow's and this library's
-`LossScale` classes, and the `dynamic_scale`/`step_counter` pair of Keras 3's
-`LossScaleOptimizer`. (Keras 2's `LossScaleOptimizer` keeps TensorFlow's
-names in checkpoints, and saves no loss scale state in `.keras` files.)
-Both count, in `good_steps`/`step_counter`, the finite
-steps since the scale last changed. Every pair is reported: a TF1 graph with
-two loss scales (a GAN, two towers) saves the second as
-`current_loss_scale_1`/`good_steps_1`. The counters of this library's
-`DynamicLossScale` options (`non_finite_streak`, `skips_at_floor`) are
-reported with the pair they belong to.
+Reads `tf.compat.v1.train.Saver` checkpoints, `tf.train.Checkpoint`
+checkpoints and `.keras` files (Keras 3, and Keras 2.12 to 2.15), and reports
+every pair of the `LAYOUTS` found, with this library's option counters.
 """
 
 import dataclasses
@@ -126,14 +111,7 @@ def inspect(path: str) -> Inspection:
 
 
 def format_inspection(inspection: Inspection) -> str:
-  """Describes an `Inspection` in a few lines of text.
-
-  Args:
-    inspection: What `inspect` returned.
-
-  Returns:
-    The text, ending without a newline.
-  """
+  """Describes an `Inspection` in a few lines of text (no final newline)."""
   lines = [f'{inspection.path}: {inspection.kind}']
   if not inspection.states:
     lines.append('  no loss scale state found (a fixed loss scale, no loss '
@@ -153,11 +131,9 @@ def format_inspection(inspection: Inspection) -> str:
 def _states_by_name(values: Dict[str, object]) -> List[LossScaleState]:
   """Pairs scale and good-steps values that share a parent path and suffix.
 
-  A TF1 graph numbers the names of a second loss scale's variables
-  (`current_loss_scale_1`, `good_steps_1`); the suffix pairs them. Option
-  counters sit under the scale's key in a Saver checkpoint
-  (`current_loss_scale_1/non_finite_streak`) and next to it in an object-based
-  one (`loss_scale/non_finite_streak`).
+  The suffix numbers a TF1 graph's second loss scale (`good_steps_1`).
+  Option counters sit under the scale's key (Saver) or next to it (object
+  based).
   """
   states = []
   for key in sorted(values):
@@ -221,11 +197,8 @@ def _optimizer_variable_names(path: str, optimizer_config: dict,
                               family: str) -> List[str]:
   """Names of an optimizer's own variables, in the order Keras saves them.
 
-  Keras stores optimizer variables by position only. The variables a wrapper
-  creates when built come before its inner optimizer's (which grow with the
-  model), so building the optimizer from its config, with the Keras family
-  that wrote the file and no model variables, gives the names of the
-  leading positions.
+  Keras stores them by position only; a wrapper's own come first, so
+  building the optimizer with no model variables names the leading ones.
   """
   keras_module = _keras_of_family(path, family)
   try:

@@ -53,12 +53,7 @@ UpdateResult = Tuple[Union[None, tf.Operation, tf.Tensor],
 
 
 class LossScaleCollapseError(RuntimeError):
-  """Raised when a dynamic loss scale has collapsed and was told to raise.
-
-  The scale sat at its `min_loss_scale` while `collapse_patience` steps in a
-  row were skipped: no step is being applied, and lowering the scale further
-  is not allowed. See `DynamicLossScale(on_collapse=...)`.
-  """
+  """Raised eagerly on a collapse by `DynamicLossScale(on_collapse='raise')`."""
 
 
 class DynamicState(NamedTuple):
@@ -87,21 +82,14 @@ def advance_dynamic_state(state: DynamicState,
                           hysteresis: int = 1) -> DynamicState:
   """Computes a dynamic loss scale's state after one step (the rule).
 
-  A pure function: it reads tensors and returns tensors, and assigns
-  nothing. The arguments after `grads_finite` are those of
-  `DynamicLossScale`.
+  A pure function: it assigns nothing.
 
   Args:
     state: The state before the step.
     grads_finite: Whether this step's gradients were all finite, a bool
       scalar, the same on every replica.
-    increment_period: Finite steps in a row after which the scale grows.
-    multiplier: The factor the scale grows and shrinks by.
-    min_loss_scale: The floor the scale never shrinks below.
-    max_loss_scale: The cap the scale never grows above, or None for none
-      (growth that would overflow float32 is still refused).
-    hysteresis: The scale shrinks only from the `hysteresis`-th non-finite
-      step in a row on.
+    increment_period, multiplier, min_loss_scale, max_loss_scale, hysteresis:
+      As for `DynamicLossScale`.
 
   Returns:
     The state after the step, with `scale` and `good_steps` in the dtypes of
@@ -152,12 +140,8 @@ def next_dynamic_state(scale: tf.Tensor, good_steps: tf.Tensor,
     scale: The current loss scale, a float32 scalar.
     good_steps: Finite steps since the last change of scale, an integer
       scalar.
-    grads_finite: Whether this step's gradients were all finite, a bool
-      scalar.
-    increment_period: Finite steps in a row after which the scale grows.
-    multiplier: The factor the scale grows and shrinks by.
-    min_loss_scale: The floor the scale never shrinks below.
-    max_loss_scale: The cap the scale never grows above, or None.
+    grads_finite, increment_period, multiplier, min_loss_scale,
+      max_loss_scale: As for `advance_dynamic_state`.
 
   Returns:
     `(new_scale, new_good_steps)`, tensors of the same dtypes as the inputs.
@@ -212,14 +196,7 @@ class LossScale(tf.Module, metaclass=abc.ABCMeta):
 
   @classmethod
   def from_config(cls, config: Dict[str, Any]) -> 'LossScale':
-    """Creates a loss scale from the output of `get_config`.
-
-    Args:
-      config: A dict of constructor arguments.
-
-    Returns:
-      A new loss scale of this class.
-    """
+    """Creates a loss scale from the output of `get_config`."""
     return cls(**config)
 
 
@@ -238,8 +215,7 @@ class FixedLossScale(LossScale):
 
     Args:
       loss_scale_value: The scale, a finite Python or NumPy number of at
-        least 1. Too small a value lets float16 gradients underflow; too large
-        a value makes them overflow, which a fixed scale cannot recover from.
+        least 1.
 
     Raises:
       TypeError: If `loss_scale_value` is not a real number.
@@ -258,14 +234,7 @@ class FixedLossScale(LossScale):
     return tf.constant(self._loss_scale_value, tf.float32)
 
   def update(self, grads: Any) -> UpdateResult:
-    """Does nothing: a fixed scale applies every step.
-
-    Args:
-      grads: Ignored.
-
-    Returns:
-      `(no_op, True)` in graph mode, `(None, True)` eagerly.
-    """
+    """Does nothing: returns `(no_op, True)`, eagerly `(None, True)`."""
     del grads
     return execution.op_in_graph_mode(tf.no_op), True
 
@@ -279,19 +248,11 @@ class FixedLossScale(LossScale):
 class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
   """A loss scale that shrinks on overflow and grows while gradients are finite.
 
-  The scale starts at `initial_loss_scale`. A step with any non-finite
-  gradient is skipped and divides the scale by `multiplier` (never below
-  `min_loss_scale`). After `increment_period` finite steps in a row the scale
-  is multiplied by `multiplier` (never above `max_loss_scale`, and never to
-  inf). The module docstring holds the rule.
-
-  The state lives in non-trainable variables. Two are always there,
-  `current_loss_scale` (float32) and `good_steps` (int64), named as in
-  TensorFlow's own class so that checkpoints interchange with it. The
-  options below add one variable each when they are on, saved with the
-  others: `non_finite_streak` for `hysteresis`, `skips_at_floor` for
-  `on_collapse`. With every option at its default, the behaviour, the config
-  and the checkpoint layout are exactly TensorFlow's.
+  The module docstring holds the rule; docs/loss_scale_options.md the
+  options. The state lives in non-trainable variables: `current_loss_scale`
+  and `good_steps`, as in TensorFlow's class (checkpoints interchange), plus
+  `non_finite_streak` for `hysteresis` and `skips_at_floor` for
+  `on_collapse` when those options are on.
 
   Example:
 
@@ -318,46 +279,26 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
                hysteresis: int = 1,
                on_collapse: str = 'skip',
                collapse_patience: int = 1):
-    """Creates a dynamic loss scale and its variables.
-
-    Create it inside `strategy.scope()` when training under a
-    `tf.distribute` strategy, so that its variables are mirrored.
+    """Creates a dynamic loss scale; under a strategy, inside its scope.
 
     Args:
-      initial_loss_scale: The first scale, a finite positive number. Starting
-        high costs a few skipped steps; starting low costs many steps of lost
-        precision, so the default is 2**15.
-      increment_period: How many finite steps in a row make the scale grow, an
+      initial_loss_scale: The first scale, a finite positive number.
+      increment_period: Finite steps in a row that make the scale grow, an
         integer of at least 1.
-      multiplier: The factor by which the scale grows and shrinks, a finite
-        number above 1.
-      min_loss_scale: The floor: a non-finite step never takes the scale
-        below it. Any finite positive number; values below 1 (such as
-        2**-14) let a run whose gradients overflow even unscaled keep
-        shrinking the loss. TensorFlow's floor is 1.
-      max_loss_scale: The cap: the scale never grows above it. None (the
-        default) caps only at the float32 range; otherwise a finite number no
-        smaller than `initial_loss_scale` and `min_loss_scale`.
-      hysteresis: How many non-finite steps in a row it takes before the
-        scale shrinks; from then on every further non-finite step shrinks it,
-        until a finite step resets the count. Every non-finite step is
-        skipped whatever this is. A positive integer; 1 (shrink on every
-        non-finite step) is TensorFlow's behaviour.
-      on_collapse: What to do when the scale has collapsed, that is when
-        `collapse_patience` steps in a row have been skipped with the scale
-        already at `min_loss_scale`: `'skip'` (TensorFlow's behaviour: keep
-        skipping in silence), `'warn'` (warn once per collapse: a Python
-        warning eagerly, a logged warning in graphs) or `'raise'` (eagerly,
-        raise `LossScaleCollapseError`; in a graph or `tf.function`, fail the
-        step's op with an error saying so).
-      collapse_patience: How many steps in a row skipped at the floor make a
-        collapse, a positive integer. Only with `on_collapse` other than
-        `'skip'`.
+      multiplier: The growth and shrink factor, a finite number above 1.
+      min_loss_scale: The floor, any finite positive number (TensorFlow's
+        is 1).
+      max_loss_scale: The cap, or None for only the float32 range; at least
+        `initial_loss_scale` and `min_loss_scale`.
+      hysteresis: Non-finite steps in a row before the scale shrinks, a
+        positive integer.
+      on_collapse: `'skip'`, `'warn'` or `'raise'`: what to do once
+        `collapse_patience` steps in a row were skipped at `min_loss_scale`.
+      collapse_patience: A positive integer; only with `on_collapse` other
+        than `'skip'`.
 
     Raises:
-      TypeError: If an argument is not a number (or not an integer, for
-        `increment_period`, `hysteresis` and `collapse_patience`; or not a
-        string, for `on_collapse`).
+      TypeError: If an argument has the wrong type.
       ValueError: If an argument is out of its range, or `collapse_patience`
         is given with `on_collapse='skip'`.
     """
@@ -462,23 +403,12 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
 
   @property
   def skipped_steps(self) -> tf.Tensor:
-    """Steps skipped so far, counted by the state machine (int64 tensor).
-
-    The count is for monitoring only and is not saved in checkpoints, so it
-    starts at 0 in each process (in a TF1 graph, when the session initialises
-    local variables; it reads 0 before that).
-    """
+    """Steps skipped so far in this process (int64 tensor, not saved)."""
     return self._step_record.skipped_steps()
 
   @property
   def last_step_skipped(self) -> tf.Tensor:
-    """Whether the latest update skipped its step (bool scalar tensor).
-
-    For learning-rate schedules and logs that must not count skipped steps.
-    A tensor, so that a graph or `tf.function` reads it with no extra host
-    round trip. False before the first update; like `skipped_steps` it is
-    not saved in checkpoints.
-    """
+    """Whether the latest update skipped its step (bool tensor, not saved)."""
     return self._step_record.last_step_skipped()
 
   def _saved_model_only_children(self) -> Dict[str, tf.Variable]:
@@ -497,11 +427,8 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
       grads: The step's unscaled gradients (any nested structure).
 
     Returns:
-      `(update_op, should_apply_gradients)`, both as TensorFlow's class
-      returns them: eagerly `(None, verdict)`; in graph mode `update_op` is a
-      bool scalar tensor that performs the update when evaluated (its value is
-      True when the step completed an increment period).
-      `should_apply_gradients` is a bool scalar tensor.
+      `(update_op, should_apply_gradients)`; in graph mode `update_op` is a
+      bool tensor, True when the step completed an increment period.
 
     Raises:
       RuntimeError: If called inside a replica context of a strategy.
@@ -521,22 +448,16 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
       self, grads_finite: tf.Tensor,
       after: Sequence[Union[tf.Tensor, tf.Operation]] = ()
   ) -> Optional[tf.Tensor]:
-    """Moves the state machine one step, given the step's finite verdict.
+    """`update` for a verdict already decided, so gradients are read once.
 
-    Front ends that have already decided finiteness (once, for all replicas)
-    call this instead of `update` so that the gradients are not read twice.
-    Call it in the cross-replica context; from a replica context (inside
-    `strategy.run`) it merges into the cross-replica context itself.
+    From a replica context it merges into the cross-replica context.
 
     Args:
       grads_finite: A bool scalar tensor, the same on every replica.
-      after: In a graph, ops or tensors that the assignments must follow
-        (the step they conclude); the new state is computed without waiting
-        for them.
+      after: In a graph, ops or tensors that the assignments must follow.
 
     Returns:
-      What `update` returns as `update_op`: None eagerly (the update has
-      happened), a bool scalar tensor that performs it in graph mode.
+      `update`'s `update_op`.
 
     Raises:
       LossScaleCollapseError: Eagerly, on a collapse with
@@ -718,7 +639,7 @@ def serialize(loss_scale: LossScale) -> Dict[str, Any]:
     loss_scale: A `FixedLossScale` or `DynamicLossScale`.
 
   Returns:
-    A dict that `deserialize` turns back into an equal loss scale.
+    A dict for `deserialize`.
 
   Raises:
     TypeError: If `loss_scale` is not one of this library's loss scales.
@@ -732,10 +653,7 @@ def serialize(loss_scale: LossScale) -> Dict[str, Any]:
 
 
 def deserialize(config: Dict[str, Any]) -> LossScale:
-  """Recreates a loss scale from the output of `serialize`.
-
-  Only this library's own classes are accepted, so a config can never make
-  it import or build anything else.
+  """Recreates a loss scale from `serialize`'s output (this library's only).
 
   Args:
     config: A dict with keys `'class_name'` and `'config'`.
@@ -769,14 +687,7 @@ def _state_variable(name: str, initial_value: Any, dtype: tf.DType) -> tf.Variab
 
 
 def step_record_of(loss_scale: LossScale) -> Optional[step_record.StepRecord]:
-  """The monitoring record a loss scale keeps, for the step and `monitoring`.
-
-  Args:
-    loss_scale: Any `LossScale`.
-
-  Returns:
-    A `DynamicLossScale`'s record; None for any other loss scale.
-  """
+  """A `DynamicLossScale`'s monitoring record; None for other loss scales."""
   if isinstance(loss_scale, DynamicLossScale):
     return loss_scale._step_record  # pylint: disable=protected-access
   return None
@@ -818,13 +729,10 @@ def check_scale_arguments(
   Args:
     initial_scale: The (first) scale: finite, positive, within float32's
       range, and at least `floor` if given.
-    growth_steps: Finite steps in a row after which the scale grows, an
-      integer from 1 to 2**63 - 1 (the counter is int64).
+    growth_steps: An integer from 1 to 2**63 - 1 (the counter is int64).
     names: The arguments' names in the caller's signature, for messages;
       one name only to check `initial_scale` alone.
-    floor: The lowest first scale to accept. A scale that starts below the
-      rule's floor jumps to it at the first overflow, as TensorFlow's and
-      tf_keras's do; a front end whose peer halves it instead refuses it.
+    floor: The lowest first scale to accept.
 
   Returns:
     `(initial_scale, growth_steps)` as a float and an int (or None).

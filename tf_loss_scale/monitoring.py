@@ -1,33 +1,10 @@
 """Watching the loss scale: TensorBoard summaries, a Keras callback, a v1 hook.
 
-Three views of the same numbers, read from the loss scale's state machine:
-
-- `loss_scale`: the current scale;
-- `good_steps`: finite steps since the scale last changed;
-- `skipped_steps`: steps skipped because a gradient was not finite, counted by
-  the state machine itself (a `FixedLossScale` never skips, so it reports 0);
-- `non_finite_streak`: non-finite steps in a row, when a `DynamicLossScale`
-  has `hysteresis` above 1;
-- `skips_at_floor`: steps in a row skipped at `min_loss_scale`, when a
-  `DynamicLossScale` watches for a collapse (`on_collapse` 'warn' or 'raise').
-
-A value a source does not keep is left out rather than made up. Sources are
-a `LossScale`, any optimizer whose `loss_scale` property is one (the v1 and
-the TF 2.3-style Keras wrappers), any Keras 3-style `LossScaleOptimizer`
-with `dynamic_scale` and `step_counter` variables (Keras's own class as well
-as this library's), and Keras 2's own `LossScaleOptimizer` (the
-`tf.keras.mixed_precision` one of TensorFlow 2.15 and earlier, and
-tf_keras's), whose `loss_scale` is a tensor and `dynamic_counter` its good
-steps. `state_tensors` is the one place that knows these shapes.
-
-Use `write_summaries` in a custom training loop, `LossScaleCallback` with
-`model.fit` of either Keras family (Keras 3, or Keras 2: the `keras` 2.x of
-TensorFlow 2.15 and earlier and `tf_keras`), and `LossScaleHook` with
-`tf.compat.v1` sessions.
-
-Why a step was skipped: `last_skip` returns the latest skipped step's
-report (which variables held a NaN, which an inf, at what scale), kept by
-this library's loss scales; the callback and the hook log each report.
+`state_tensors` reads the scale and the counters the source keeps (the keys
+below) from every front end; `write_summaries` writes them in a custom loop,
+`LossScaleCallback` in `model.fit` of either Keras family, `LossScaleHook` in
+`tf.compat.v1` sessions. `last_skip` says why the latest step was skipped.
+See docs/monitoring.md.
 """
 
 from typing import Any, Dict, Optional, Union
@@ -89,9 +66,7 @@ def state_tensors(source: LossScaleSource) -> Dict[str, tf.Tensor]:
 
   Returns:
     A dict of scalar tensors: `'loss_scale'` (float32) and, for each counter
-    the source keeps, its int64 value under the names listed in this
-    module's docstring. In a TF1 graph these are tensors to run; eagerly
-    they hold the values.
+    the source keeps, its int64 value.
 
   Raises:
     TypeError: If `source` is none of the above.
@@ -167,14 +142,11 @@ def last_skip(source: LossScaleSource,
       it (a `tf.compat.v1.Session` or a `MonitoredSession`).
 
   Returns:
-    The report of the latest skipped step in this process (a frozen
-    `SkipReport`: `step`, `loss_scale`, `nan`, `inf`, `cause`), kept through
-    later finite steps; None before any skipped step, and always for a
-    `FixedLossScale`, which never skips.
+    The latest skipped step's `SkipReport` in this process; None before any
+    skipped step, and always for a `FixedLossScale`.
 
   Raises:
-    TypeError: If `source` is none of the above (Keras's own loss scale
-      optimizers and a user's `LossScale` subclass keep no report).
+    TypeError: If `source` is none of the above.
     ValueError: For a loss scale built in a TF1 graph, without its session.
   """
   record = _record_of(source)
@@ -218,15 +190,8 @@ def _keeps_reports(source: LossScaleSource) -> bool:
 
 
 class _SkipLog:
-  """Follows a source's skipped steps and logs their reports, one line each.
-
-  The first `SKIPS_LOGGED_EACH` skipped steps are logged, then one each
-  time the count of skipped steps (in this process) reaches the next power
-  of two, so that a run that skips for hours logs a few dozen lines; every
-  line says how many were skipped. Lines go to `absl.logging` (as
-  warnings), and the callback and the hook also write them to TensorBoard
-  as text.
-  """
+  """Logs a source's skip reports: the first `SKIPS_LOGGED_EACH`, then one
+  each time the count of skipped steps reaches a power of two."""
 
   def __init__(self, source: LossScaleSource):
     self._source = source
@@ -235,15 +200,7 @@ class _SkipLog:
     self.cause = SKIP_CAUSE_CODES[None]
 
   def follow(self, skipped: int, session: Any = None) -> Optional[str]:
-    """Reads the latest report if steps were skipped since the last call.
-
-    Args:
-      skipped: The source's count of skipped steps now.
-      session: The session, for a source built in a TF1 graph.
-
-    Returns:
-      The line logged, or None when none is due.
-    """
+    """Logs the latest report if one is due; returns the line or None."""
     if skipped <= self._seen:
       return None
     self._seen = skipped
@@ -287,13 +244,11 @@ _TEXT_METADATA = tf.compat.v1.SummaryMetadata(
 
 def write_scalar(tag: str, value: Any,
                  step: Optional[Union[int, tf.Tensor]] = None) -> None:
-  """Writes one scalar that TensorBoard plots, to the default summary writer.
-
-  Unlike `tf.summary.scalar`, this works without the `tensorboard` package.
+  """`tf.summary.scalar` without the `tensorboard` package (float32 values).
 
   Args:
     tag: The scalar's name.
-    value: A real number or a scalar tensor; written as float32.
+    value: A real number or a scalar tensor.
     step: The summary step; by default `tf.summary.experimental.get_step()`.
   """
   tf.summary.write(tag, tf.cast(value, tf.float32), step=step,
@@ -321,34 +276,15 @@ def write_summaries(source: LossScaleSource,
 class LossScaleCallback(keras.callbacks.Callback):
   """Adds the loss scale's state to Keras logs and, optionally, TensorBoard.
 
-  Works with the `model.fit` of either Keras family, whichever the model
-  was built with: Keras 3, or Keras 2 (the `keras` 2.x of TensorFlow 2.15
-  and earlier, or `tf_keras`, which is `tf.keras` under
-  `TF_USE_LEGACY_KERAS=1`).
-
-  Every batch and every epoch, `loss_scale`, `good_steps`, `skipped_steps`
-  (and the hysteresis and collapse counters, when on) are put in the logs, so
-  the progress bar, `History` and later callbacks see them (list this
-  callback before those you want to see them). With `log_dir`, they are also
-  written as TensorBoard scalars.
-
-  For this library's loss scale optimizers, each skipped step's report
-  (`last_skip`) is logged in one line with `absl.logging` (the first
-  `SKIPS_LOGGED_EACH`, then one each time the count of skipped steps reaches
-  a power of two), written to TensorBoard as text under `SKIP_REPORT_TAG`
-  with `log_dir`, and the logs carry `skip_cause`: the latest skipped step's
-  cause as a number, 0 before any skipped step, 1 for an overflow, 2 for a
-  NaN (`SKIP_CAUSE_CODES`).
+  For `model.fit` of Keras 3 or Keras 2. Every batch and epoch the state
+  goes into the logs (list this callback before those that read them) and,
+  with `log_dir`, to TensorBoard; for this library's optimizers each skip
+  report is logged and the logs carry `skip_cause` (`SKIP_CAUSE_CODES`).
 
   ```python
   model.compile(optimizer=tf_loss_scale.keras.LossScaleOptimizer(opt), ...)
   model.fit(x, y, callbacks=[LossScaleCallback(log_dir='logs/train')])
   ```
-
-  Keras's own loss scale optimizers work too (Keras 3's
-  `keras.optimizers.LossScaleOptimizer`, Keras 2's
-  `tf.keras.mixed_precision.LossScaleOptimizer`); they keep no count of
-  skipped steps, so none is logged for them.
   """
 
   # Keras 2's fit asks every callback which batch hooks it implements and
@@ -374,12 +310,9 @@ class LossScaleCallback(keras.callbacks.Callback):
 
     Args:
       log_dir: Directory for TensorBoard event files, or None for logs only.
-      update_freq: `'epoch'` to write summaries once per epoch (at the
-        epoch's index), or a positive int N to write every N batches, at the
-        batch index Keras reports counted from the start of training (with
-        `steps_per_execution=k` Keras reports every k-th batch, the last of
-        each k from Keras 3.11 on and the first before, and a summary is
-        written whenever N more batches have run).
+      update_freq: `'epoch'` to write summaries once per epoch, or a
+        positive int N to write every N batches, at the batch index Keras
+        reports counted from the start of training.
       loss_scale: What to watch, any source `state_tensors` reads; by default
         `model.optimizer`.
 
@@ -464,21 +397,10 @@ class LossScaleCallback(keras.callbacks.Callback):
 class LossScaleHook(tf.compat.v1.train.SessionRunHook):
   """Logs the loss scale's state from `tf.compat.v1` training sessions.
 
-  For `MonitoredTrainingSession` (or any session that runs hooks): every
-  `every_n_steps` training runs it reads the state once the run is done,
-  logs it with `absl.logging.info`, writes TensorBoard scalars to
-  `output_dir` (if given) and keeps the last values in `latest`.
-
-  For this library's loss scales it also reads the count of skipped steps
-  after every run, and logs each skipped step's report (`last_skip`) in
-  one line, at the rate `LossScaleCallback` does, and writes it to
-  TensorBoard as text under `SKIP_REPORT_TAG` with `output_dir`.
-
-  Steps are counted by the hook (runs since the session started, plus the
-  global step at that time), not read from the global step, because a
-  skipped step does not advance the global step. Every `session.run` that
-  the hooks see counts, so run evaluation fetches without hooks, e.g. with
-  `session.run_step_fn(lambda ctx: ctx.session.run(fetches))`.
+  Every `every_n_steps` runs it logs the state, writes it to `output_dir`
+  (if given) and keeps it in `latest`; skip reports are logged as by
+  `LossScaleCallback`. It counts the runs it sees (a skipped step does not
+  advance the global step), so run evaluation fetches without hooks.
 
   ```python
   opt = tf_loss_scale.MixedPrecisionLossScaleOptimizer(opt, 'dynamic')

@@ -20,13 +20,10 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
                                        _V1Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer` to train with a loss scale.
 
-  `compute_gradients` multiplies the loss by the loss scale before
-  differentiating and divides the gradients by it afterwards, so float16
-  intermediate gradients keep their small values. `apply_gradients` asks the
-  loss scale whether the step's gradients (on every replica) are finite: if
-  they are, the wrapped optimizer applies them; if not, nothing is applied (no
-  variable, no slot and no `global_step` changes) while the loss scale still
-  adjusts. A fixed loss scale never skips a step.
+  `compute_gradients` scales the loss and unscales the gradients;
+  `apply_gradients` applies them only if they are finite on every replica (a
+  skipped step changes no variable, slot or `global_step`), and the loss
+  scale adjusts either way.
 
   Usage in a TF1 graph:
 
@@ -36,9 +33,7 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
   train_op = opt.minimize(loss, global_step=global_step)
   ```
 
-  Checkpoints: the wrapped optimizer and the loss scale are tracked as
-  `base_optimizer` and `loss_scale`, and the loss scale's variables keep
-  TensorFlow's names, so checkpoints interchange with
+  Checkpoints interchange with TensorFlow's
   `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer`.
   """
 
@@ -95,9 +90,7 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
       grad_loss: Optional gradient for `loss`.
 
     Returns:
-      A list of `(gradient, variable)` pairs. Gradients are divided by the
-      loss scale; a gradient may be None and sparse gradients stay
-      `tf.IndexedSlices`.
+      A list of `(gradient, variable)` pairs, gradients unscaled.
     """
     scale = self._loss_scale()
     grads_and_vars = self._optimizer.compute_gradients(
@@ -129,10 +122,8 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
       when it is finite. Eagerly the work is done and the result is None.
 
     Raises:
-      ValueError: If called in a cross-replica context, under a strategy
-        this library refuses (CentralStorageStrategy, ParameterServerStrategy,
-        TPUStrategy), or with a loss scale or optimizer created outside the
-        strategy's scope.
+      ValueError: In a cross-replica context, under a strategy this library
+        refuses, or for state created outside the strategy's scope.
     """
     distribute.require_replica_context('apply_gradients()')
     guards.check_step(f'{type(self).__name__}.apply_gradients()',
@@ -155,12 +146,7 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
     return self._optimizer.get_slot(var, name)
 
   def get_slot_names(self) -> List[str]:
-    """Returns the names of the wrapped optimizer's slots.
-
-    On TensorFlow 2.14 and earlier, an empty list, as TensorFlow's wrapper
-    returns (`private_api.V1_SLOT_NAMES_FORWARDED`); `get_slot` works on
-    every version.
-    """
+    """The wrapped optimizer's slot names; `[]` on TF <= 2.14, as TF's."""
     if not private_api.V1_SLOT_NAMES_FORWARDED:
       return []
     return self._optimizer.get_slot_names()

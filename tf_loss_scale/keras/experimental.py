@@ -1,32 +1,15 @@
 """`LossScaleOptimizer(optimizer, loss_scale)`: the TF 2.0-2.3 Keras form.
 
-The class that `tf.keras.mixed_precision.experimental.LossScaleOptimizer`
-was, for code written for TF 2.0-2.3, around the optimizers of every Keras
-that TensorFlow 2.12-2.21 ships. Constructing it builds the class for the
-inner optimizer's family (`families.family_of`), a subclass of this one and
-of that Keras's optimizer and loss scale optimizer base classes (so that its
-`compile` and `optimizers.get` accept it and wrap it no further):
+Constructing it makes the class for the inner optimizer's family
+(`class_for`: `experimental_keras3`, or `experimental_keras2`'s legacy and
+new classes), a subclass of this one and of that Keras's optimizer bases, so
+its `compile` keeps it. This module imports no Keras. What every family
+shares is here, with the forwarding rule:
 
-- a Keras 3 optimizer: `experimental_keras3.LossScaleOptimizer`;
-- a Keras 2 legacy optimizer (`optimizers.legacy.*`, OptimizerV2, what TF
-  2.3 wrapped): `experimental_keras2`'s `LossScaleOptimizerV2`;
-- a Keras 2 new optimizer: `experimental_keras2`'s `LossScaleOptimizerV3`.
-
-`isinstance` and `issubclass` hold for all three. This module imports no
-Keras; each family's module is imported when its first optimizer is wrapped.
-
-What is the same on every path is here: the loss scale argument, scaling the
-loss and unscaling gradients, `minimize`, TF 2.3's config (with the inner
-optimizer's family), the one step, and the forwarding rule:
-
-  The wrapper's state is the inner optimizer and the loss scale, nothing
-  else. The names in `forwarded_names(inner)` are read and written on the
-  inner optimizer: its hyperparameters (the keys of its `get_config()`,
-  except `name`), TF 2.3's `learning_rate`/`lr`, clipping and `iterations`,
-  and the Keras base-class methods that only the inner optimizer can answer
-  (each family lists them in `_INNER_METHODS`). Writing one that the inner
-  optimizer keeps in a variable with no setter assigns the variable. Any
-  other name the wrapper does not have is an `AttributeError`, as in TF 2.3.
+  The wrapper's state is the inner optimizer and the loss scale. The names
+  in `forwarded_names(inner)` are read and written on the inner optimizer;
+  writing one held in a variable with no setter assigns the variable. Any
+  other name the wrapper lacks is an `AttributeError`, as in TF 2.3.
 """
 
 import copy
@@ -65,15 +48,8 @@ _NAME = 'LossScaleOptimizer'
 def loss_scale_from(loss_scale: Any) -> loss_scale_lib.LossScale:
   """Turns the constructor's `loss_scale` argument into a `LossScale`.
 
-  Args:
-    loss_scale: `'dynamic'`, a positive number, a `LossScale`, or the output
-      of `tf_loss_scale.serialize`.
-
-  Returns:
-    The `LossScale` (the one given, if it is one).
-
   Raises:
-    ValueError: If `loss_scale` is None or none of the above.
+    ValueError: If `loss_scale` is None or not a loss scale identifier.
   """
   if loss_scale is None:
     raise ValueError(
@@ -87,8 +63,6 @@ def loss_scale_from(loss_scale: Any) -> loss_scale_lib.LossScale:
 def forwarded_names(inner_optimizer: Any,
                     inner_methods: Iterable[str] = ()) -> FrozenSet[str]:
   """The names a wrapper reads and writes on `inner_optimizer`.
-
-  Read once, when the wrapper is made, from the public `get_config()`.
 
   Args:
     inner_optimizer: Any Keras optimizer.
@@ -117,29 +91,12 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   opt.apply_gradients(zip(grads, variables))
   ```
 
-  `apply_gradients` applies the gradients only if every gradient, summed
-  across replicas, is finite; a skipped step changes no
-  variable or slot, the loss scale updates either way, and `iterations`
-  counts every call (a Keras 3 optimizer that accumulates gradients is left
-  untouched by a skipped step instead). `minimize` takes the loss. In a TF1
-  graph, `apply_gradients` and `minimize` return one op that runs the step,
-  on every replica.
-
-  Everything else is the inner optimizer's (see the module docstring):
-  `learning_rate`/`lr`, `iterations`, clipping (of the unscaled gradients of
-  finite steps only), slots, weights and hyperparameters. The checkpoint is
-  the inner optimizer's plus a `loss_scale` dependency, TF 2.3's layout, so
-  checkpoints move between the wrapper and the bare inner optimizer in both
-  directions.
-
-  Which gradients `apply_gradients` takes follows one rule
-  (`tf_loss_scale.keras.protocols`): unscaled ones, as in TF 2.3, unless
-  `scale_loss` (Keras 3's protocol) was called on the optimizer; then the
-  gradients of the scaled loss, which it unscales. The first scaling method
-  called fixes the protocol: calling `get_scaled_loss` or
-  `get_unscaled_gradients` after `scale_loss`, or `scale_loss` after them,
-  raises a RuntimeError. Keras 2's `fit` calls `minimize` (TensorFlow's
-  protocol) and Keras 3's `fit` calls `scale_loss`: both work.
+  A step whose gradients (summed across replicas) are not all finite is
+  skipped; `iterations` counts every call. Everything else is the inner
+  optimizer's, and so is the checkpoint, plus a `loss_scale` dependency (TF
+  2.3's layout). `apply_gradients` takes unscaled gradients unless
+  `scale_loss` was called (`tf_loss_scale.keras.protocols`).
+  See docs/migrating_tf23.md.
   """
 
   # Each family's class sets these.
@@ -292,9 +249,6 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                tape: Optional[tf.GradientTape] = None) -> Any:
     """Scales `loss`, differentiates, unscales and applies, in one call.
 
-    TF 2.3's signature (Keras 2's `fit` passes `tape=`); `apply_gradients`
-    takes it from there.
-
     Args:
       loss: A zero-argument callable returning the loss, or a loss tensor
         recorded by `tape`.
@@ -320,9 +274,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                   inner_sums: bool = False, summed: bool = False,
                   variables: Optional[Sequence[Any]] = None
                  ) -> Optional[tf.Operation]:
-    """Runs the step on unscaled gradients (`step.apply_step`).
-
-    Call it in a replica context (inside `strategy.run`) or with no strategy.
+    """Runs the step on unscaled gradients, in a replica context.
 
     Args:
       grads: One unscaled gradient per variable.
@@ -333,12 +285,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         hands them to `apply_inner`, which must not sum them again.
       summed: Whether `grads` are sums the caller made: the step decides on
         them as they are and `apply_inner` applies them, summing nothing.
-      variables: The gradients' variables, to name them in a skip report;
-        by default they are named by position.
+      variables: The gradients' variables, to name them in a skip report.
 
     Returns:
-      In a TF1 graph, one op that runs the step, the same on every replica;
-      None otherwise.
+      In a TF1 graph, one op that runs the step; None otherwise.
 
     Raises:
       ValueError: In a cross-replica context or under an unsupported
@@ -367,14 +317,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   # ---- config -------------------------------------------------------------
 
   def get_config(self) -> Dict[str, Any]:
-    """TF 2.3's `{'optimizer': ..., 'loss_scale': ...}`, and the family.
-
-    Returns:
-      The inner optimizer serialized by its Keras, the loss scale with every
-      option (`tf_loss_scale.serialize`), and under `'optimizer_family'` the
-      inner optimizer's family (`'keras3'`, `'keras2_legacy'` or
-      `'keras2'`).
-    """
+    """TF 2.3's `{'optimizer': ..., 'loss_scale': ...}`, and the family."""
     return {
         'optimizer': self._keras.optimizers.serialize(self.inner_optimizer),
         'loss_scale': loss_scale_lib.serialize(self._loss_scale),
@@ -386,9 +329,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                   custom_objects: Optional[Dict[str, Any]] = None) -> Any:
     """Recreates the optimizer (without its state) from `get_config()`.
 
-    The inner optimizer is rebuilt in the family the config names. A config
-    without one (TF 2.3's) is of the Keras that `tf.keras` is; there a
-    Keras 2 inner optimizer is legacy unless its config says otherwise.
+    A config without a family (TF 2.3's) is of the Keras `tf.keras` is.
 
     Args:
       config: The output of `get_config()`, or TF 2.3's `{'optimizer':

@@ -1,26 +1,12 @@
 """The TF 2.0-2.3 `LossScaleOptimizer` around Keras 2 optimizers.
 
-Keras 2 is the `keras` 2.x that `tf.keras` is on TensorFlow <= 2.15, and
-`tf_keras` on TensorFlow 2.16 and later (`families` tells them apart by what
-they offer). Imported when `experimental.LossScaleOptimizer` is given a
-Keras 2 optimizer, so neither package is a dependency. Two classes per
-Keras 2, made by `classes_for` from that Keras's base classes:
-
-- `LossScaleOptimizerV2` wraps the legacy optimizers (`optimizers.legacy.*`,
-  OptimizerV2, what TF 2.3 wrapped) and offers TF 2.3's whole surface,
-  `get_gradients` and `get_updates` (Keras 2's graph training) included.
-- `LossScaleOptimizerV3` wraps the new optimizers (`optimizers.*`).
-
-Both subclass the Keras's optimizer base class (its `compile` and
-`optimizers.get` accept only those) and its `mixed_precision.
-LossScaleOptimizer` (its `compile` under a `mixed_float16` policy wraps
-every optimizer that is not one); none of their code runs on the wrapper.
-Every public member of those classes is defined here or in `experimental`,
-or forwarded to the inner optimizer (the rule in `experimental`).
-
-Checkpoints follow TF 2.3 (`private_api.DelegatesCheckpointToInner`), so
-they also move to and from Keras 2's own `LossScaleOptimizer` around legacy
-optimizers, which kept TF 2.3's layout.
+Keras 2 is `tf.keras` on TensorFlow <= 2.15 and `tf_keras` later; this
+module is imported when one of its optimizers is first wrapped. `classes_for`
+makes, per Keras 2, `LossScaleOptimizerV2` (legacy optimizers, TF 2.3's whole
+surface) and `LossScaleOptimizerV3` (new optimizers). Both subclass that
+Keras's optimizer base and `mixed_precision.LossScaleOptimizer`, so its
+`compile` keeps them; none of their code runs on the wrapper. Checkpoints
+keep TF 2.3's layout (`private_api.DelegatesCheckpointToInner`).
 """
 
 import types
@@ -40,15 +26,9 @@ _CLASSES: Dict[type, Tuple[type, type]] = {}
 
 
 def classes_for(keras: types.ModuleType) -> Tuple[type, type]:
-  """The wrapper classes for the optimizers of a Keras 2.
+  """`(LossScaleOptimizerV2, LossScaleOptimizerV3)` of a Keras 2 namespace.
 
-  Args:
-    keras: A Keras 2 API namespace (`tf.keras` on TensorFlow <= 2.15, or
-      `tf_keras`).
-
-  Returns:
-    `(LossScaleOptimizerV2, LossScaleOptimizerV3)` of that Keras, made and
-    registered for its serialization once per process.
+  Made and registered for serialization once per process.
   """
   key = keras.optimizers.legacy.Optimizer
   if key not in _CLASSES:
@@ -80,10 +60,7 @@ class _Keras2(experimental.LossScaleOptimizer):
 
   @property
   def initial_scale(self) -> Optional[float]:
-    """The loss scale's first (dynamic) or only (fixed) value.
-
-    None for a user's own `LossScale`, which has neither.
-    """
+    """The loss scale's first or fixed value; None for a user's class."""
     if self.dynamic:
       return self.loss_scale.initial_loss_scale
     if isinstance(self.loss_scale, loss_scale_lib.FixedLossScale):
@@ -102,13 +79,7 @@ class _Keras2(experimental.LossScaleOptimizer):
 
 
 class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
-  """Loss scaling around a Keras 2 legacy optimizer (TF 2.3's contract).
-
-  `apply_gradients` takes unscaled gradients; `minimize` and
-  `get_gradients` take a loss and scale it themselves; a step with a
-  non-finite gradient sum is skipped (no variable or slot changes), the loss
-  scale updates either way and `iterations` counts every step.
-  """
+  """Loss scaling around a Keras 2 legacy optimizer (TF 2.3's contract)."""
 
   _kind = families.KERAS2_LEGACY
   _INNER_METHODS = frozenset({'add_weight'})
@@ -119,12 +90,10 @@ class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
     """Applies unscaled gradients if their sums are all finite.
 
     Args:
-      grads_and_vars: `(gradient, variable)` pairs, gradients already
-        unscaled (see `get_unscaled_gradients`).
+      grads_and_vars: `(gradient, variable)` pairs, gradients unscaled.
       name: Passed to the inner optimizer.
-      experimental_aggregate_gradients: Whether to sum the gradients across
-        replicas (once; the verdict is taken on the sums); False when they
-        are sums already, on which the verdict is taken as they are.
+      experimental_aggregate_gradients: False when the gradients are sums
+        across replicas already.
 
     Returns:
       In a TF1 graph, the op that runs the step; None otherwise.
@@ -139,29 +108,13 @@ class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
         summed=not experimental_aggregate_gradients, variables=variables)
 
   def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
-    """Gradients of `loss`, computed on the scaled loss and unscaled (graphs).
-
-    Args:
-      loss: A loss tensor in a graph.
-      params: The variables.
-
-    Returns:
-      The unscaled gradients.
-    """
+    """Unscaled gradients of `loss` (a graph tensor), via the scaled loss."""
     scaled = self.inner_optimizer.get_gradients(self.get_scaled_loss(loss),
                                                 params)
     return self.get_unscaled_gradients(scaled)
 
   def get_updates(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
-    """The update ops of one step on `loss` (Keras 2 graph training).
-
-    Args:
-      loss: A loss tensor in a graph.
-      params: The variables.
-
-    Returns:
-      A one-element list: the op that runs the step.
-    """
+    """`[op]` running one step on `loss` (Keras 2 graph training)."""
     params = list(params)
     return [self.apply_gradients(zip(self.get_gradients(loss, params),
                                      params))]
@@ -192,19 +145,9 @@ class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
     """The values of the inner optimizer's weights."""
     return self.inner_optimizer.get_weights()
 
-  def set_weights(self, weights: Sequence[Any]) -> None:
-    """Sets the inner optimizer's weights from `get_weights()` values."""
-    self.inner_optimizer.set_weights(weights)
-
 
 class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
-  """Loss scaling around a Keras 2 new optimizer.
-
-  The same contract as the legacy class, with the methods these optimizers
-  have (`compute_gradients`, `build`; no `get_gradients`). Slots are found
-  by variable, as `slots` records them when the wrapper builds the inner
-  optimizer.
-  """
+  """Loss scaling around a Keras 2 new optimizer; slots found by variable."""
 
   _kind = families.KERAS2
   # Keras 2's tools for optimizer implementations: the inner optimizer's.
@@ -219,13 +162,10 @@ class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
     """Applies unscaled gradients if their sums are all finite.
 
     Args:
-      grads_and_vars: `(gradient, variable)` pairs, gradients already
-        unscaled (see `get_unscaled_gradients`).
+      grads_and_vars: `(gradient, variable)` pairs, gradients unscaled.
       name: Passed to the inner optimizer.
-      skip_gradients_aggregation: Whether the gradients are already summed
-        across replicas (the verdict is then taken on them as they are;
-        otherwise they are summed once and the verdict is taken on the
-        sums).
+      skip_gradients_aggregation: Whether the gradients are already sums
+        across replicas.
       **kwargs: Passed to the inner optimizer.
 
     Returns:
@@ -247,16 +187,7 @@ class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
   def compute_gradients(self, loss: Any, var_list: Any,
                         tape: Optional[tf.GradientTape] = None
                        ) -> List[Tuple[Any, Any]]:
-    """`(gradient, variable)` pairs of `loss`, scaled then unscaled.
-
-    Args:
-      loss: A zero-argument callable, or a tensor recorded by `tape`.
-      var_list: The variables, or a callable returning them.
-      tape: The tape that recorded `loss` (required for a tensor loss).
-
-    Returns:
-      The unscaled gradients paired with their variables.
-    """
+    """Unscaled `(gradient, variable)` pairs of `loss`; args as `minimize`."""
     grads, var_list = self._unscaled_gradients_of(loss, var_list, tape)
     return list(zip(grads, var_list))
 

@@ -1,17 +1,10 @@
 """The TF 2.0-2.3 `LossScaleOptimizer` around Keras 3 optimizers.
 
-Imported when `experimental.LossScaleOptimizer` is given a Keras 3
-optimizer. The class subclasses `keras.optimizers.LossScaleOptimizer` for
-one reason: under a `mixed_float16` policy, Keras 3's `compile` wraps every
-optimizer that is not one in Keras's own, which would scale the loss again.
-None of Keras's code runs on it: Keras's `__init__` and `build` would give
-it state of its own (its own iterations, learning rate, loss scale, and with
-`use_ema` or `gradient_accumulation_steps` a model-sized copy of the inner
-optimizer's), and Keras's attributes differ between releases. Every public
-member of Keras's classes is therefore either defined here, forwarded to
-the inner optimizer (the rule in `experimental`), or one of `assign`,
-`assign_add` and `assign_sub`, which only act on the variable they are
-given.
+It subclasses `keras.optimizers.LossScaleOptimizer` only so that Keras 3's
+`compile` under `mixed_float16` does not wrap it again. None of Keras's code
+runs on it (Keras's `__init__` and `build` would give it state of its own):
+every public member of Keras's classes is defined here, forwarded to the
+inner optimizer, or an `assign*` acting only on the variable given.
 """
 
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
@@ -34,13 +27,7 @@ class LossScaleOptimizer(slots.SlotsByVariable,
                          experimental.LossScaleOptimizer,
                          private_api.HidesForwardedSlots,
                          keras.optimizers.LossScaleOptimizer):
-  """`experimental.LossScaleOptimizer` around a Keras 3 optimizer.
-
-  Keras 3's `model.fit` works: it calls `scale_loss`, after which `apply`
-  and `apply_gradients` take the gradients of the scaled loss (the rule in
-  `tf_loss_scale.keras.protocols`); TF 2.3's loops, which unscale them with
-  `get_unscaled_gradients`, work as before.
-  """
+  """`experimental.LossScaleOptimizer` around a Keras 3 optimizer."""
 
   _keras = keras
   _kind = families.KERAS3
@@ -75,18 +62,12 @@ class LossScaleOptimizer(slots.SlotsByVariable,
         self.inner_optimizer.variables)
 
   def build(self, var_list: Sequence[Any]) -> None:
-    """Creates the inner optimizer's variables for `var_list`.
-
-    Args:
-      var_list: The trainable variables this optimizer will update.
-    """
+    """Creates the inner optimizer's variables for `var_list`."""
     if not self.inner_optimizer.built:
       self._build_inner(var_list)
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
     """Tells whether every gradient is finite, summed across replicas.
-
-    Works in a replica or a cross-replica context, or with no strategy.
 
     Args:
       grads: A list of gradients (None entries are ignored).
@@ -102,11 +83,8 @@ class LossScaleOptimizer(slots.SlotsByVariable,
             trainable_variables: Optional[Sequence[Any]] = None) -> None:
     """Applies the gradients if their sums are all finite.
 
-    The gradients are unscaled ones, or after `scale_loss` those of the
-    scaled loss (`tf_loss_scale.keras.protocols`). Call it in a replica
-    context (inside `strategy.run`, or with no strategy). A skipped step
-    changes no model or optimizer variable; the loss scale is updated
-    either way.
+    Call it in a replica context. The gradients are unscaled, or after
+    `scale_loss` of the scaled loss (`tf_loss_scale.keras.protocols`).
 
     Args:
       grads: One gradient per variable (None allowed).
@@ -141,9 +119,7 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     """Applies the gradients if their sums are all finite.
 
     Args:
-      grads_and_vars: `(gradient, variable)` pairs; gradients unscaled by
-        `get_unscaled_gradients`, or after `scale_loss` those of the scaled
-        loss (`tf_loss_scale.keras.protocols`).
+      grads_and_vars: `(gradient, variable)` pairs, as `apply` takes them.
       name: Optional name scope for the ops.
       experimental_aggregate_gradients: Must be True: Keras 3 optimizers
         always sum the gradients across replicas.
@@ -166,11 +142,8 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     return self.iterations
 
   def _on_skipped_step(self) -> Any:
-    # An accumulating optimizer has no counter of its own (Keras derives
-    # `iterations` from its micro-step count), and counting a skipped
-    # micro-step there would end its accumulation window early with a
-    # gradient missing: it is left untouched, so its window is always its
-    # number of finite micro-steps.
+    # An accumulating optimizer derives `iterations` from its micro-steps:
+    # counting a skipped one would end its window early, a gradient missing.
     if getattr(self.inner_optimizer, 'gradient_accumulation_steps', None):
       return None
     return super()._on_skipped_step()
@@ -181,8 +154,7 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     """Not offered: TF 2.3's optimizer had no stateless form.
 
     Raises:
-      NotImplementedError: Always; `tf_loss_scale.keras.LossScaleOptimizer`
-        has `stateless_apply`.
+      NotImplementedError: Always.
     """
     raise NotImplementedError(
         'The experimental LossScaleOptimizer has no stateless_apply(); use '
@@ -200,12 +172,7 @@ class LossScaleOptimizer(slots.SlotsByVariable,
       store[str(i)] = variable.numpy()
 
   def load_own_variables(self, store: Any) -> None:
-    """Restores `variables` from what `save_own_variables` stored.
-
-    As Keras's optimizers do, nothing is restored (and a warning is logged)
-    when `store` holds another number of variables, e.g. before the
-    optimizer is built.
-    """
+    """Restores `variables`; as Keras's, warns and skips on a count mismatch."""
     variables = self.variables
     if len(store.keys()) != len(variables):
       logging.warning(

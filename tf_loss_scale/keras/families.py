@@ -1,20 +1,10 @@
 """Which Keras an optimizer belongs to, told by what the Keras offers.
 
-Two Keras families run on TensorFlow 2.12-2.21, and a package name does not
-say which one it is:
-
-- Keras 2: the `keras` 2.x built into TensorFlow <= 2.15 (`tf.keras` there),
-  and `tf_keras` on TensorFlow 2.16 and later. Its optimizers come in two
-  kinds: the legacy ones (`optimizers.legacy.*`, OptimizerV2, what TF 2.3
-  wrapped, with `get_gradients` and `get_updates`) and the new ones
-  (`optimizers.*`).
-- Keras 3: `keras` 3.x, `tf.keras` on TensorFlow 2.16 and later.
-
-A Keras is looked at through its public API namespace (`tf.keras`,
-`tf_keras`, or `keras` when its top level is the API) and classed by its
-optimizer base class: Keras 3's has `stateless_apply`, Keras 2's legacy one
-has `get_updates`. Only Keras packages already imported are looked at, so
-asking never imports a Keras.
+A package name does not say which: Keras 2 is `tf.keras` on TensorFlow
+<= 2.15 and `tf_keras` later, with legacy (`optimizers.legacy.*`) and new
+optimizers; Keras 3 is `keras` 3.x. A Keras API namespace is classed by its
+optimizer base: Keras 3's has `stateless_apply`, Keras 2's legacy one
+`get_updates`. Only Keras packages already imported are looked at.
 """
 
 import importlib
@@ -53,16 +43,11 @@ def is_keras2(keras: Any) -> bool:
                   'LossScaleOptimizer') and not is_keras3(keras))
 
 
-def tf_keras_namespace() -> types.ModuleType:
-  """The Keras that `tf.keras` is (TensorFlow has imported it already)."""
-  return tf.keras
-
-
 def loaded_namespaces() -> List[types.ModuleType]:
   """The API namespaces of the Keras packages this process has imported."""
   candidates = [sys.modules.get('tf_keras'), sys.modules.get('keras')]
   if any(candidates):
-    candidates.append(tf_keras_namespace())
+    candidates.append(tf.keras)
   found = []
   for keras in candidates:
     if keras is None or not (is_keras3(keras) or is_keras2(keras)):
@@ -74,13 +59,7 @@ def loaded_namespaces() -> List[types.ModuleType]:
 
 
 def family_of(optimizer: Any) -> Family:
-  """The family of a Keras optimizer.
-
-  Args:
-    optimizer: The optimizer to wrap.
-
-  Returns:
-    Its `Family`.
+  """The `Family` of a Keras optimizer.
 
   Raises:
     TypeError: If it is not an optimizer of any Keras this process has
@@ -103,11 +82,9 @@ def family_of(optimizer: Any) -> Family:
 def default_kind() -> str:
   """The kind a config written without one (TF 2.3's) is restored as.
 
-  The Keras that `tf.keras` is: TF 2.3 code builds its optimizers there.
-  For Keras 2, whether the inner optimizer is legacy is then for Keras 2's
-  own deserializer to tell from the inner optimizer's config.
+  `tf.keras`'s; Keras 2's deserializer tells legacy optimizers apart.
   """
-  return KERAS3 if is_keras3(tf_keras_namespace()) else KERAS2
+  return KERAS3 if is_keras3(tf.keras) else KERAS2
 
 
 def namespace_for(kind: str) -> types.ModuleType:
@@ -117,8 +94,7 @@ def namespace_for(kind: str) -> types.ModuleType:
     kind: One of `KINDS`.
 
   Returns:
-    `tf.keras` when it is of that family; otherwise Keras 3's `keras` or
-    Keras 2's `tf_keras`, imported if need be.
+    `tf.keras` when it is of that family; otherwise `keras` or `tf_keras`.
 
   Raises:
     ImportError: If no Keras of that family is installed.
@@ -128,8 +104,8 @@ def namespace_for(kind: str) -> types.ModuleType:
     raise ValueError(f'Unknown optimizer family {kind!r}: expected one of '
                      f'{list(KINDS)}.')
   wanted = is_keras3 if kind == KERAS3 else is_keras2
-  if wanted(tf_keras_namespace()):
-    return tf_keras_namespace()
+  if wanted(tf.keras):
+    return tf.keras
   package = 'keras' if kind == KERAS3 else 'tf_keras'
   try:
     keras = importlib.import_module(package)
@@ -141,13 +117,10 @@ def namespace_for(kind: str) -> types.ModuleType:
 
 
 def require_keras3(what: str) -> None:
-  """Raises an ImportError saying what works instead, unless Keras 3 is here.
+  """Raises an ImportError naming what works instead, unless Keras 3 is here.
 
   Args:
     what: The name that needs Keras 3, for the message.
-
-  Raises:
-    ImportError: If `keras` is not Keras 3 (or not installed).
   """
   try:
     keras = importlib.import_module('keras')

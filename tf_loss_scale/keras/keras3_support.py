@@ -78,9 +78,7 @@ def check_replicas_are_summed(where: str) -> None:
 
   Raises:
     ValueError: Under a strategy of more than one replica with Keras older
-      than 3.5, whose optimizers apply each replica's own gradients: the
-      replicas' copies of the model would drift apart, and no loss scale
-      could keep them together.
+      than 3.5.
   """
   if OPTIMIZER_SUMS_ACROSS_REPLICAS or not tf.distribute.has_strategy():
     return

@@ -1,19 +1,8 @@
 """`LossScaleOptimizer`: the Keras 3 form, a drop-in for Keras's own.
 
-Storage, arguments, config and messages are Keras's: the class subclasses
-`keras.optimizers.LossScaleOptimizer` and lets its `__init__` and `build`
-create the state, so the variables are the `keras.Variable`s Keras's files,
-state trees and checkpoints expect. The computation is this library's: the
-step (`tf_loss_scale.step`), the update rule (`next_dynamic_state`) and the
-finite check (`tf_loss_scale.gradients`).
-
-Keras 3.3.3 (the Keras of TensorFlow 2.16) and later are supported. Where
-Keras's own class changed between those releases (`keras3_support`), this
-class follows the Keras it runs on (its variables, `get_config`,
-`iterations`, messages), except in two places where the older class lost a
-user's setting silently: base optimizer arguments are refused and the inner
-optimizer's `loss_scale_factor` is cleared on every release, as Keras does
-from 3.12 and 3.10 on.
+Storage, arguments, config and messages are Keras's (Keras 3.3.3 and later,
+each release's, see `keras3_support`); the step, the rule and the finite
+check are this library's. docs/differences.md lists where it differs.
 """
 
 import numbers
@@ -59,13 +48,6 @@ def _without_base_optimizer_defaults(
     class_name: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
   """`kwargs` less base optimizer arguments at their defaults.
 
-  Args:
-    class_name: The optimizer's class name, for messages.
-    kwargs: The keyword arguments the constructor got beyond its own.
-
-  Returns:
-    What remains for Keras's constructor (`dynamic`, if given).
-
   Raises:
     ValueError: With Keras's wording, for a base optimizer argument with
       another value (it would be ignored) or an unknown argument.
@@ -91,23 +73,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   """Dynamic loss scaling around a Keras 3 optimizer, as in Keras 3.
 
   A drop-in for `keras.optimizers.LossScaleOptimizer`: same arguments,
-  config, variables (`iteration`, `learning_rate`, `step_counter`,
-  `dynamic_scale`, then the inner optimizer's) and messages, so models,
-  `.keras` files, weights, state trees and checkpoints move between the two
-  classes in both directions.
-
-  Each `apply` divides the gradients of the scaled loss by the scale, as
-  Keras's class does (float16 ones become float32), decides whether the
-  gradients that will be applied (under a strategy, their sums across
-  replicas) are all finite, advances the scale and lets the inner optimizer
-  apply them, or skips the step on every replica. A skipped step changes no
-  model or inner optimizer variable (`iterations` does not count it) and
-  halves the scale; `dynamic_growth_steps` finite steps in a row double it.
-  Unlike Keras's class: the scale never starts or falls below 1, nor grows
-  to inf, and under a strategy a step is skipped when the gradients of any
-  replica, or their sum, are not finite (Keras's trusts the first
-  replica's before the sum) or, while the scale is below twice the number
-  of replicas, could add up past their dtype's largest value.
+  config, variables and messages, so models, `.keras` files, state trees
+  and checkpoints move between the two classes both ways. A skipped step
+  changes no model or inner optimizer variable and halves the scale;
+  `dynamic_growth_steps` finite steps in a row double it.
 
   Custom loop:
 
@@ -118,10 +87,6 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   opt.apply(tape.gradient(loss, model.trainable_variables),
             model.trainable_variables)
   ```
-
-  `stateless_apply` works on the TensorFlow backend too (without a
-  strategy), by running a copy of the inner optimizer on its own scratch
-  variables: nothing of this optimizer or the model is assigned.
   """
 
   def __init__(self,
@@ -136,7 +101,6 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       inner_optimizer: The Keras 3 optimizer that applies the gradients. Its
         `loss_scale_factor` is set to None, as Keras's class does.
       initial_scale: The first loss scale, a finite number of at least 1.
-        High is cheap: a too-high scale costs a few skipped steps.
       dynamic_growth_steps: Finite steps in a row after which the scale
         doubles, an integer of at least 1.
       name: The optimizer's name.
@@ -171,11 +135,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     self._scratch = _Scratch()
 
   def build(self, var_list: Sequence[Any]) -> None:
-    """Creates the variables, exactly as Keras's class does, for `var_list`.
-
-    Args:
-      var_list: The trainable variables this optimizer will update.
-    """
+    """Creates the variables, exactly as Keras's class does, for `var_list`."""
     super().build(var_list)
     if not keras3_support.CLASS_RUNS_BASE_BUILD:
       # What Keras's class does from 3.12 on: the base optimizer records the
@@ -193,11 +153,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
 
   @property
   def skipped_steps(self) -> tf.Tensor:
-    """Steps skipped so far in this process (int64 tensor; 0 before build).
-
-    For monitoring: not one of the optimizer's variables, so it is neither
-    saved nor restored and it starts at 0 in each process.
-    """
+    """Steps skipped so far in this process (int64 tensor, not saved)."""
     return self._monitor.skipped_steps()
 
   @property
@@ -269,15 +225,9 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       trainable_variables: Sequence[Any]) -> Tuple[List[Any], List[Any]]:
     """Computes one step from values; assigns nothing of this optimizer.
 
-    Keras's stateless pattern, on the TensorFlow backend too:
-    `opt.stateless_apply([v.value for v in opt.variables], grads,
-    [v.value for v in model.trainable_variables])`. It is `apply`'s step
-    (`tf_loss_scale.step.apply_step`) with the scale taken from and returned
-    as values, and the inner optimizer's update run by a copy of it on
-    scratch variables loaded with the given values: no variable of this
-    optimizer or of the model is assigned. The copy follows the inner
-    optimizer's current settings (its config) on every call; in a
-    `tf.function`, as for `apply`, the settings when it was traced.
+    Keras's stateless pattern, on the TensorFlow backend too: the inner
+    optimizer's update runs on a copy of it (with its current settings)
+    over scratch variables loaded with the given values.
 
     Args:
       optimizer_variables: Values for `self.variables`, in that order.
@@ -346,11 +296,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   def from_config(cls, config: Dict[str, Any],
                   custom_objects: Optional[Dict[str, Any]] = None
                  ) -> 'LossScaleOptimizer':
-    """Recreates the optimizer (without its state) from `get_config()`.
+    """Recreates the optimizer from `get_config()` of this class or Keras's.
 
     Args:
-      config: The output of `get_config` of this class or of Keras's (the
-        dict is not modified).
+      config: The config (not modified).
       custom_objects: Names to classes, for a custom inner optimizer.
 
     Returns:
@@ -360,12 +309,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
 
 
 class _KerasScale(step.ScaleState):
-  """The step's view of the scale kept in Keras's two variables.
-
-  Stateful (`apply`): reads the variables, then assigns them and the
-  monitoring record. Stateless (`stateless_apply`): reads the values given
-  and returns the new ones, in the variables' dtypes.
-  """
+  """The step's view of Keras's two variables, or (stateless) of values."""
 
   def __init__(self, optimizer: LossScaleOptimizer,
                scale: Optional[tf.Tensor] = None,
@@ -416,15 +360,11 @@ class _KerasScale(step.ScaleState):
 class _Scratch:
   """What the optimizer was built with, and copies of it for stateless steps.
 
-  `built_with` holds the model variables of `build` (Keras keeps them only
-  in a private list). Keras's TensorFlow optimizers can only update real variables, so a
-  stateless step loads the given values into variables of its own, lets a
-  copy of the inner optimizer update them, and reads them back. A copy is
-  remade whenever the inner optimizer's settings (its config) differ from
-  those of the copy, so that it follows the live optimizer. The copy is
-  made from the config the inner optimizer had when it was built, which
-  decides its variables (SGD has momentum slots only if built with a
-  momentum), and then given the current settings.
+  `built_with` holds `build`'s model variables (Keras keeps them privately).
+  Keras's TensorFlow optimizers update only real variables, so the copy runs
+  on scratch ones. It is made from the config at build, which decides its
+  variables (SGD has momentum slots only if built with a momentum), given
+  the current settings, and remade when these change.
   """
 
   def __init__(self):

@@ -1,15 +1,8 @@
 """`LossScaleOptimizer`: TF 2.4-2.15's Keras API on Keras 3.
 
-`LossScaleOptimizer(inner_optimizer, dynamic=True, initial_scale=None,
-dynamic_growth_steps=None)` with `get_scaled_loss` and
-`get_unscaled_gradients`, as `tf.keras.mixed_precision` had it from
-TensorFlow 2.4 to 2.15, for the custom loops written then, on TensorFlow
-2.16 and later where `tf.keras` is Keras 3. Needs Keras 3: with Keras 2
-(TensorFlow <= 2.15, or `tf_keras`) TensorFlow's own class is there.
-
-It subclasses the library's Keras 3 form (`tf_loss_scale.keras.
-LossScaleOptimizer`), so Keras 3's `compile` keeps it as it is, and its
-step, variables and stateless path are that form's.
+For custom loops written for `tf.keras.mixed_precision` of TF 2.4-2.15, on
+TensorFlow 2.16 and later. A subclass of the Keras 3 form, so `compile`
+keeps it; see docs/differences.md.
 """
 
 from typing import Any, Dict, Optional
@@ -46,28 +39,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   opt.apply_gradients(zip(grads, variables))
   ```
 
-  Which gradients `apply_gradients` (and `apply`) take follows one rule
-  (`tf_loss_scale.keras.protocols`): unscaled ones, as in TF 2.4-2.15,
-  unless `scale_loss` (Keras 3's protocol, which `model.fit` uses) was
-  called on the optimizer; then the gradients of the scaled loss, which it
-  unscales. The first scaling method called fixes the protocol: mixing
-  them raises a RuntimeError where it happens.
-
-  Dynamic (the default): a step whose gradients are not all finite is
-  skipped and halves the scale (never below 1); `dynamic_growth_steps`
-  finite steps in a row double it. Fixed (`dynamic=False`): the scale
-  never changes and every step is applied, even one whose gradients hold
-  an inf or a NaN, as TF 2.4-2.15's fixed scale did: the weights take the
-  non-finite values.
-
-  `learning_rate` and `iterations` are the inner optimizer's. The config
-  has TF 2.4-2.15's keys (a config of tf_keras's class loads), and a
-  `tf.train.Checkpoint` holds the dynamic scale and its counter where
-  tf_keras's class keeps them (`loss_scale/current_loss_scale` and
-  `loss_scale/good_steps`), so checkpoints of either class restore the
-  scale into the other. Everything else (`scale_loss`, `stateless_apply`,
-  the skip report, distribution) is `tf_loss_scale.keras.
-  LossScaleOptimizer`'s.
+  `apply_gradients` takes unscaled gradients unless `scale_loss` was
+  called (`tf_loss_scale.keras.protocols`). A fixed scale (`dynamic=False`)
+  applies every step, even a non-finite one, as TF 2.4-2.15's did. Config
+  and checkpoint layout are tf_keras's.
   """
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
@@ -115,11 +90,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       private_api.name_dependencies(self, loss_scale=self._tf_keras_layout)
 
   def build(self, var_list: Any) -> None:
-    """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`.
-
-    Args:
-      var_list: The trainable variables this optimizer will update.
-    """
+    """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
     super().build(var_list)
     if self._dynamic:
       # Assigning tracks them, and restores what a checkpoint holds for them.
@@ -147,10 +118,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   @property
   def dynamic_counter(self) -> Optional[Any]:
-    """Finite steps since the scale last changed (a variable once built).
-
-    None for a fixed scale, and before the optimizer is built.
-    """
+    """Finite steps since the scale last changed; None if fixed or unbuilt."""
     return self.step_counter if self._dynamic and self.built else None
 
   def _current_scale(self) -> tf.Tensor:
@@ -182,8 +150,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
     Args:
       config: The output of `get_config` of this class or of tf_keras's
-        (whose inner optimizer is made as the Keras 3 optimizer of the same
-        name; the dict is not modified).
+        (not modified).
       custom_objects: Names to classes, for a custom inner optimizer.
 
     Returns:

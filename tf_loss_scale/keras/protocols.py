@@ -1,23 +1,11 @@
 """Which gradients `apply_gradients` takes: one rule for two protocols.
 
-Two protocols train with the same Keras optimizer methods:
-
-- Keras 3's (its `model.fit`, and loops written for Keras 3): `scale_loss`,
-  then `apply_gradients` or `apply` with the gradients of the scaled loss.
-- TensorFlow's (loops written for TF 2.0-2.15, and `minimize`):
-  `get_scaled_loss`, `get_unscaled_gradients`, then `apply_gradients` with
-  the unscaled gradients.
-
-The rule: an optimizer follows the protocol of the first scaling method
-called on it, for the rest of its life. After `scale_loss`, every apply
-divides the gradients by the scale; after `get_scaled_loss` or
-`get_unscaled_gradients`, or before any of them, applies take gradients as
-they are. A method of the other protocol raises where it is called, so
-gradients are never divided twice and scaled gradients are never applied.
-Nothing is consumed by a call, so extra calls (two applies for two groups
-of variables, a loss scaled twice for logging) change nothing. The choice
-is made in Python, when a `tf.function` is traced, which is the same on
-every replica.
+Keras 3's (`scale_loss`, then applies take gradients of the scaled loss) and
+TensorFlow's (`get_scaled_loss`, `get_unscaled_gradients`, then applies take
+unscaled ones). The first scaling method called on an optimizer fixes its
+protocol for life; a method of the other raises where it is called. Nothing
+is consumed by a call, and the choice is made in Python at trace time, the
+same on every replica. See docs/differences.md.
 """
 
 from typing import Any, List, Optional, Sequence
@@ -83,9 +71,6 @@ class TwoProtocols:
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
     """Multiplies a loss by the scale; applies then take its gradients.
 
-    Keras 3's protocol: pass the gradients of the result to
-    `apply_gradients` or `apply` as they are (they are unscaled there).
-
     Args:
       loss: A loss tensor (the scale is cast to its dtype), or a
         zero-argument callable returning one.
@@ -102,10 +87,6 @@ class TwoProtocols:
 
   def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:
     """Multiplies a loss (tensor or callable) by the current loss scale.
-
-    TensorFlow's protocol: differentiate the result, pass the gradients
-    through `get_unscaled_gradients`, then to `apply_gradients`. Takes and
-    returns what `scale_loss` does.
 
     Raises:
       RuntimeError: If `scale_loss` was called on this optimizer.

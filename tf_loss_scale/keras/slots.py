@@ -1,13 +1,9 @@
 """An optimizer's per-variable state, found by the identity of the variable.
 
-Keras 3 optimizers and Keras 2's new optimizers have no `get_slot`: they
-keep their slots (momentum, velocity, EMA averages, accumulators) in
-private lists. TF 2.3's wrapper offered `get_slot(var, name)`, so the
-experimental form answers it from a `SlotTable`: while the wrapper builds
-the inner optimizer, every slot it creates is recorded under the model
-variable itself, not its name (two variables may share a name, and the
-inner optimizer may be built in another order), through
-`private_api.slots_created`: no public API of either Keras tells.
+Keras 3's and Keras 2's new optimizers have no `get_slot`; TF 2.3's
+wrapper had one. The experimental form records each slot the inner
+optimizer creates while it builds it under the model variable itself (two
+variables may share a name), through `private_api.slots_created`.
 """
 
 from typing import Any, Dict, List, Sequence, Tuple
@@ -71,15 +67,12 @@ class SlotsByVariable:
 
   def add_slot(self, var: Any, slot_name: str,
                initializer: Any = 'zeros') -> Any:
-    """Creates a variable of the inner optimizer shaped like `var`.
+    """Creates a slot `slot_name` of the inner optimizer for `var`.
 
     Args:
       var: The model variable the slot belongs to.
       slot_name: The slot's name.
       initializer: A Keras initializer or its name.
-
-    Returns:
-      The new slot variable.
     """
     slot = self._new_slot(var, slot_name, initializer)
     self._slots.add(var, slot_name, slot)
@@ -90,17 +83,7 @@ class SlotsByVariable:
     raise NotImplementedError
 
   def get_slot(self, var: Any, slot_name: str) -> Any:
-    """Returns the inner optimizer's slot `slot_name` of `var`.
-
-    Found by `var` itself, so variables that share a name each get their
-    own.
-
-    Args:
-      var: A model variable the optimizer was built with.
-      slot_name: One of `get_slot_names()`.
-
-    Returns:
-      The slot variable.
+    """Returns the inner optimizer's slot `slot_name` of `var` (by identity).
 
     Raises:
       KeyError: If `var` is not one of the optimizer's variables or has no
