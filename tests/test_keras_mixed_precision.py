@@ -168,6 +168,32 @@ def test_fit_takes_scaled_gradients_as_keras_does():
   assert int(keras_opt.iterations.numpy()) == 4  # Some steps were applied.
 
 
+def test_keras_file_round_trips_the_optimizer_and_its_state(tmp_path):
+  model, opt = _fit(lambda inner: mixed_precision.LossScaleOptimizer(
+      inner, initial_scale=2.0**12, dynamic_growth_steps=3), steps=5)
+  path = str(tmp_path / 'model.keras')
+  model.save(path)
+  loaded = keras.models.load_model(path)
+  again = loaded.optimizer
+  assert type(again) is mixed_precision.LossScaleOptimizer
+  assert again.get_config() == opt.get_config()
+  state = lambda o: (float(o.loss_scale), int(o.dynamic_counter.numpy()),
+                     int(o.iterations.numpy()))
+  assert state(again) == state(opt)
+  # Five finite steps: doubled after three, two counted since.
+  assert state(opt) == (8192.0, 2, 5)
+  for ours, saved in zip(loaded.get_weights(), model.get_weights()):
+    np.testing.assert_array_equal(ours, saved)
+  # The next step from either is the same.
+  x = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
+  y = np.array([[1e4, 0.0]] * 4, np.float32)
+  for m in (model, loaded):
+    m.fit(x, y, batch_size=4, epochs=1, verbose=0)
+  assert state(again) == state(opt)
+  for ours, saved in zip(loaded.get_weights(), model.get_weights()):
+    np.testing.assert_array_equal(ours, saved)
+
+
 @pytest.mark.parametrize('form', ['mixed_precision', 'experimental'])
 def test_mixing_the_protocols_is_refused_where_it_happens(form):
   var = keras.Variable(np.float32(1.0))
