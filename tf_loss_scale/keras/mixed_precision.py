@@ -141,6 +141,17 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     self._growth_steps = value
 
   @property
+  def iterations(self) -> Any:
+    """The inner optimizer's count of applied steps, as in TF 2.4-2.15."""
+    return self.inner_optimizer.iterations
+
+  @iterations.setter
+  def iterations(self, value: Any) -> None:
+    # Keras before 3.9 sets its class's own counter here, which never moves;
+    # it stays in `variables`, where Keras's files expect it.
+    del value
+
+  @property
   def loss_scale(self) -> tf.Tensor:
     """The current loss scale, a float32 scalar tensor."""
     return self._current_scale()
