@@ -252,7 +252,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     # Keras's wording: "apply() must be called in a replica context".
     distribute.require_replica_context('apply()')
     if not self.built:
-      # Out of any tf.function: see `slots.SlotsByVariable._build_inner`.
+      # Out of any tf.function, as tf_keras: one can't initialise mirrored ones.
       with tf.init_scope(), keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
     guards.check_step(where, [self.dynamic_scale, self.step_counter])

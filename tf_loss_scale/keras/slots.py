@@ -12,8 +12,6 @@ inner optimizer may be built in another order), through
 
 from typing import Any, Dict, List, Sequence, Tuple
 
-import tensorflow as tf
-
 from tf_loss_scale import private_api
 
 
@@ -68,9 +66,7 @@ class SlotsByVariable:
 
   def _build_inner(self, var_list: Sequence[Any]) -> None:
     """Builds the inner optimizer for `var_list`, recording its slots."""
-    # Out of any tf.function, as tf_keras builds: MirroredStrategy's fail.
-    with tf.init_scope(), private_api.slots_created(self.inner_optimizer,
-                                                    self._slots.add):
+    with private_api.slots_created(self.inner_optimizer, self._slots.add):
       self.inner_optimizer.build(var_list)
 
   def add_slot(self, var: Any, slot_name: str,
