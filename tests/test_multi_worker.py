@@ -4,7 +4,8 @@ MultiWorkerMirroredStrategy with two and with three worker processes, for
 every front end (`tests/workers/multi_worker_training.py` trains them one
 after another in each process): the v1 optimizer inside `strategy.run` in a
 `tf.function`, the experimental Keras wrapper in a TF 2.3-style custom loop,
-and the Keras 3 form in a custom loop; the Keras 3 form in `model.fit` on
+TF 2.4-2.15's form in its custom loop (built in the first step), and the
+Keras 3 form in a custom loop; the Keras 3 form in `model.fit` on
 one worker with two replicas (Keras 3's `model.fit` itself fails under
 MultiWorkerMirroredStrategy: keras-team/keras#20585). In step 2 one
 replica's input overflows. Also: the refusal of ParameterServerStrategy.
@@ -25,7 +26,7 @@ _WORKER = os.path.join(os.path.dirname(__file__), 'workers',
                        'multi_worker_training.py')
 _PARAMETER_SERVER = os.path.join(os.path.dirname(__file__), 'workers',
                                  'parameter_server_refusal.py')
-_FRONT_ENDS = ('v1', 'experimental', 'keras')
+_FRONT_ENDS = ('v1', 'experimental', 'mixed_precision', 'keras')
 _STEPS = 5
 _OVERFLOW_STEP = 2
 _TIMEOUT = 480  # all layouts together; a hang is what it bounds
@@ -46,6 +47,7 @@ _GOOD_STEPS = [1, 0, 0, 1, 0]
 # Keras 3's iterations count applied steps, TF 2.3's iterations every step.
 _STEP_COUNTERS = {'v1': ('global_step', 4),
                   'experimental': ('iterations', 5),
+                  'mixed_precision': ('iterations', 4),
                   'keras': ('iterations', 4),
                   'keras_fit': ('iterations', 4)}
 
@@ -129,6 +131,23 @@ def test_two_replicas_end_alike_on_one_worker_or_two(runs, front_end):
   _assert_same_final_state(
       runs['2 workers'][0][front_end]['final'], result['final'],
       f'{front_end}: 1 worker x 2 replicas against 2 workers x 1 replica')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('other', ['keras', 'experimental'])
+@pytest.mark.parametrize('layout', list(_LAYOUTS))
+def test_tf_24s_form_trains_as_the_other_keras_forms(runs, layout, other):
+  # The same gradients, divided once by the same scale (in
+  # get_unscaled_gradients, or in apply), summed the same way: the same
+  # weights after every step, bit for bit. (The counters' dtypes and copies
+  # differ; every copy equals the first, as other tests check.)
+  for index, worker in enumerate(runs[layout]):
+    ours, theirs = worker['mixed_precision'], worker[other]
+    assert ours['steps'] == theirs['steps'], f'worker {index} of {layout}'
+    for name in ('kernel', 'bias', 'loss_scale', 'good_steps'):
+      assert (ours['final'][name][0]['value'] ==
+              theirs['final'][name][0]['value']), (
+                  f'{name} on worker {index} of {layout}')
 
 
 @pytest.mark.slow

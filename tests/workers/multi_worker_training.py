@@ -10,7 +10,8 @@ CONFIG_JSON holds:
   steps: how many steps to train.
   overflow: [step, global replica]: that replica's input is multiplied by
     1e30 in that step, so its gradients (and only its) overflow.
-  front_ends: a list of 'v1', 'experimental', 'keras', 'keras_fit'.
+  front_ends: a list of 'v1', 'experimental', 'mixed_precision' (TF
+    2.4-2.15's form), 'keras', 'keras_fit'.
 
 Every global replica gets the same two rows in a step whatever the layout, so
 1 worker x 2 replicas and 2 workers x 1 replica train on the same data. For
@@ -25,8 +26,9 @@ import os
 import sys
 
 CONFIG = json.loads(sys.argv[1])
+# This checkout's library and benchmarks, whatever is installed.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..'))
 if CONFIG['ports']:
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..'))
   from benchmarks import local_cluster  # pylint: disable=g-import-not-at-top
   os.environ['TF_CONFIG'] = json.dumps(
       local_cluster.tf_config(CONFIG['ports'], CONFIG['index']))
@@ -149,14 +151,26 @@ def run_v1():
          }, optimizer, {kernel.name: 'kernel', bias.name: 'bias'})
 
 
-def run_experimental():
-  """The TF 2.3 Keras wrapper in a custom loop, as TF 2.3 code wrote it."""
+def run_tf_loop(name):
+  """A custom loop as TF 2.3 (`experimental`) or TF 2.4-2.15 code wrote it.
+
+  `get_scaled_loss`, `get_unscaled_gradients`, `apply_gradients`. TF 2.4's
+  form is not built beforehand: it builds in the first traced step.
+  """
   with strategy.scope():
     kernel, bias = keras.Variable(toy.KERNEL), keras.Variable(toy.BIAS)
-    optimizer = tls_keras.experimental.LossScaleOptimizer(
-        keras.optimizers.SGD(toy.LEARNING_RATE, momentum=toy.MOMENTUM),
-        _loss_scale())
-    optimizer.build([kernel, bias])
+    inner = keras.optimizers.SGD(toy.LEARNING_RATE, momentum=toy.MOMENTUM)
+    if name == 'experimental':
+      optimizer = tls_keras.experimental.LossScaleOptimizer(inner,
+                                                            _loss_scale())
+      optimizer.build([kernel, bias])
+      state = lambda: (optimizer.loss_scale(),
+                       optimizer.loss_scale.good_steps)
+    else:
+      optimizer = tls_keras.mixed_precision.LossScaleOptimizer(
+          inner, initial_scale=INITIAL_SCALE,
+          dynamic_growth_steps=GROWTH_STEPS)
+      state = lambda: (optimizer.loss_scale, optimizer.dynamic_counter)
 
   def replica_step(step):
     with tf.GradientTape() as tape:
@@ -165,9 +179,7 @@ def run_experimental():
     grads = optimizer.get_unscaled_gradients(scaled_grads)
     optimizer.apply_gradients(zip(grads, [kernel, bias]))
 
-  loss_scale = optimizer.loss_scale
-  _train('experimental', replica_step,
-         lambda: (loss_scale(), loss_scale.good_steps), [kernel, bias],
+  _train(name, replica_step, state, [kernel, bias],
          lambda: {'kernel': kernel, 'bias': bias,
                   **toy.keras_optimizer_state(optimizer)},
          optimizer, {kernel.path: 'kernel', bias.path: 'bias'})
@@ -233,5 +245,7 @@ def run_keras_fit():
 
 
 for front_end in CONFIG['front_ends']:
-  {'v1': run_v1, 'experimental': run_experimental, 'keras': run_keras,
-   'keras_fit': run_keras_fit}[front_end]()
+  if front_end in ('experimental', 'mixed_precision'):
+    run_tf_loop(front_end)
+  else:
+    {'v1': run_v1, 'keras': run_keras, 'keras_fit': run_keras_fit}[front_end]()

@@ -107,7 +107,8 @@ class LossScaleOptimizer(slots.SlotsByVariable,
         raise ValueError(
             f'apply() got {len(grads)} gradients for '
             f'{len(trainable_variables)} variables.')
-      self.build(trainable_variables)
+      with tf.init_scope():  # Out of any tf.function, as the Keras 3 form.
+        self.build(trainable_variables)
     # Keras 3's apply sums the gradients across replicas itself.
     self._apply_step(
         grads, lambda g: self.inner_optimizer.apply(g, trainable_variables),

@@ -208,7 +208,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     # Keras's wording: "apply() must be called in a replica context".
     distribute.require_replica_context('apply()')
     if not self.built:
-      with keras.name_scope(self.name, caller=self):
+      # Out of any tf.function, as tf_keras: one can't initialise mirrored ones.
+      with tf.init_scope(), keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
     guards.check_step(where, [self.dynamic_scale, self.step_counter])
     variables = list(trainable_variables or self._scratch.built_with)

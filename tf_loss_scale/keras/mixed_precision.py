@@ -97,10 +97,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       self._tf_keras_layout.current_loss_scale = self.dynamic_scale
       self._tf_keras_layout.good_steps = self.step_counter
 
-  @property
-  def dynamic(self) -> bool:
-    """Whether the loss scale is dynamic."""
-    return self._dynamic
+  dynamic = property(lambda self: self._dynamic,
+                     doc='Whether the loss scale is dynamic.')
 
   @property
   def dynamic_growth_steps(self) -> Optional[int]:
@@ -111,10 +109,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def dynamic_growth_steps(self, value: int) -> None:
     self._growth_steps = value
 
-  @property
-  def loss_scale(self) -> tf.Tensor:
-    """The current loss scale, a float32 scalar tensor."""
-    return self._current_scale()
+  # The inner optimizer's count, as in TF 2.4-2.15. Keras before 3.9 sets its
+  # own, which never moves, here: it stays in `variables` alone.
+  iterations = property(lambda self: self.inner_optimizer.iterations,
+                        lambda self, keras_own_counter: None)
 
   @property
   def dynamic_counter(self) -> Optional[Any]:
@@ -122,9 +120,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     return self.step_counter if self._dynamic and self.built else None
 
   def _current_scale(self) -> tf.Tensor:
-    if self.built:
-      return tf.convert_to_tensor(self.dynamic_scale)
-    return tf.constant(self.initial_scale, tf.float32)
+    return tf.convert_to_tensor(
+        self.dynamic_scale if self.built else self.initial_scale, tf.float32)
+
+  loss_scale = property(_current_scale,
+                        doc='The current loss scale, a float32 scalar tensor.')
 
   def _scale_state(self, scale: Optional[tf.Tensor] = None,
                    counter: Optional[tf.Tensor] = None) -> step.ScaleState:
