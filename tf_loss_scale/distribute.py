@@ -35,7 +35,8 @@ class Reading(NamedTuple):
 
 
 def read(grads: Any, summed: bool = False,
-         divided_by: Optional[tf.Tensor] = None) -> Reading:
+         divided_by: Optional[tf.Tensor] = None,
+         dividends: bool = False) -> Reading:
   """Reads a step's gradients once, for its verdict and its skip report.
 
   Every gradient is read by `gradients.read`, once per replica that holds
@@ -68,6 +69,10 @@ def read(grads: Any, summed: bool = False,
       `gradients.unscale`, in its own dtype): a scalar, or in the
       cross-replica context one per replica, as a merge_call hands over
       each replica's read of it.
+    dividends: Whether `grads` are the gradients before that division
+      (`gradients.to_read`): their magnitudes are then divided by the scale.
+      A quotient holds a NaN or an inf where its dividend does, as the
+      scales that divide (the Keras forms') are never below 1.
 
   Returns:
     The `Reading`, with one entry per entry of `tf.nest.flatten(grads)`.
@@ -81,9 +86,14 @@ def read(grads: Any, summed: bool = False,
 
   def read_replica(replica_grads: Any, scale: Optional[tf.Tensor]
                   ) -> tf.Tensor:
-    return gradients.read(replica_grads, magnitudes=(
-        True if scale is None else
-        tf.less(tf.cast(scale, tf.float32), 2.0 * replicas)))
+    if scale is None:
+      return gradients.read(replica_grads, magnitudes=True)
+    scale = tf.cast(scale, tf.float64)
+    table = gradients.read(replica_grads,
+                           magnitudes=tf.less(scale, 2.0 * replicas))
+    if not dividends:
+      return table
+    return tf.concat([table[:, :2], table[:, 2:] / scale], axis=1)
 
   if not tf.distribute.in_cross_replica_context():
     return _reading(tf.distribute.get_replica_context().all_reduce(

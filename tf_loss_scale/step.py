@@ -269,19 +269,26 @@ def apply_step(grads: Sequence[Any],
   divided_by = None
   if scaled is not None:
     scale = state.scale()
-    grads = unscale_where(grads, scaled, scale)
+    handed, grads = grads, unscale_where(grads, scaled, scale)
     if all(scaled):
       divided_by = scale
   if not (reduces or summed):
     grads = distribute.all_reduce_in_replica(grads)
+  # What the step reads: the quotients, or under XLA their dividends (see
+  # `gradients.to_read`).
+  read_from = grads
+  if divided_by is not None and reduces and not summed:
+    read_from = gradients.to_read(handed, grads)
   summed = summed or not reduces
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
+                       read_from: List[Any],
                        divided_by: Optional[tf.Tensor]) -> Outcome:
     # The one reading of the gradients, made when the verdict or the report
     # first asks for it.
     reading = functools.lru_cache(maxsize=None)(lambda: distribute.read(
-        grads, summed=summed, divided_by=divided_by))
+        read_from, summed=summed, divided_by=divided_by,
+        dividends=read_from is not grads))
     decision = state.decide(grads, lambda: reading().finite)
     report = state.skip_reporter(names, reading)
 
@@ -307,7 +314,7 @@ def apply_step(grads: Sequence[Any],
     return Outcome(applied, advanced, op)
 
   return distribute.merge_to_cross_replica(in_cross_replica, grads,
-                                          divided_by)
+                                          read_from, divided_by)
 
 
 def unscale_where(grads: List[Any], scaled: Sequence[bool],
