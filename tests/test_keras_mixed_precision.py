@@ -119,6 +119,49 @@ def test_fixed_scale_matches_tf_keras_and_applies_non_finite_steps(mode):
   assert ours[3][0] == [-INF, -INF]  # Applied, as tf_keras's fixed scale.
 
 
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+def test_iterations_and_dynamic_counter_count_as_tf_keras(mode):
+  # tf_keras counts a skipped step in the inner optimizer's `iterations`
+  # (Keras 3's class does not); its counter is a tf.Variable.
+  counts = []
+  for opt, var in [
+      (mixed_precision.LossScaleOptimizer(
+          keras.optimizers.SGD(0.125), initial_scale=4,
+          dynamic_growth_steps=2), keras.Variable([1.0])),
+      (tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(0.125), initial_scale=4,
+          dynamic_growth_steps=2), tf.Variable([1.0]))]:
+    step = _custom_loop_step(opt, var, 'float32')
+    if mode == 'function':
+      step = tf.function(step)
+    trajectory = []
+    for factor in [1.0, INF, 1.0, 1.0, INF]:
+      step(tf.constant(factor))
+      assert isinstance(opt.dynamic_counter, tf.Variable)
+      trajectory.append((int(opt.iterations), int(opt.dynamic_counter),
+                         float(opt.loss_scale)))
+    counts.append(trajectory)
+  assert counts[0] == counts[1] == [(1, 1, 4.0), (2, 0, 2.0), (3, 1, 2.0),
+                                    (4, 0, 4.0), (5, 0, 2.0)]
+
+
+def test_an_accumulating_inner_optimizer_counts_only_micro_steps():
+  opt = mixed_precision.LossScaleOptimizer(
+      keras.optimizers.SGD(1.0, gradient_accumulation_steps=2),
+      initial_scale=4)
+  var = keras.Variable([1.0])
+  for factor in [1.0, INF, 1.0]:
+    _custom_loop_step(opt, var, 'float32')(tf.constant(factor))
+  # As the bare optimizer fed the two finite micro-steps: one update, of
+  # their mean (counting the skipped one would have left the weight at 1).
+  bare = keras.optimizers.SGD(1.0, gradient_accumulation_steps=2)
+  bare_var = keras.Variable([1.0])
+  for _ in range(2):
+    bare.apply([tf.constant([1.0])], [bare_var])
+  assert int(opt.iterations) == int(bare.iterations.numpy())
+  assert var.numpy().tolist() == bare_var.numpy().tolist() == [0.0]
+
+
 def test_arguments_defaults_and_properties_are_tf_24s():
   opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5))
   assert (opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps) == (
@@ -349,14 +392,15 @@ if mode == 'write':
   checkpoint.write(path)
 else:
   checkpoint.read(path).expect_partial()
-print(json.dumps([float(opt.loss_scale), int(opt.dynamic_counter.numpy())]))
+print(json.dumps([float(opt.loss_scale), int(opt.dynamic_counter.numpy()),
+                  int(opt.iterations.numpy())]))
 '''
 
 
 def test_checkpoints_move_between_tf_keras_and_this_class(tmp_path):
   theirs = str(tmp_path / 'theirs')
   assert fresh_process.run_json(['-c', _TF_KERAS_CHECKPOINT, theirs, 'write'],
-                                legacy_keras=True) == [32.0, 1]
+                                legacy_keras=True) == [32.0, 1, 2]
   for build_first in (True, False):
     opt = mixed_precision.LossScaleOptimizer(
         keras.optimizers.SGD(0.5), initial_scale=64, dynamic_growth_steps=3)
@@ -368,13 +412,16 @@ def test_checkpoints_move_between_tf_keras_and_this_class(tmp_path):
       opt.build([var])  # Restores what the checkpoint holds for it.
     assert float(opt.loss_scale) == 32.0
     assert int(opt.dynamic_counter.numpy()) == 1
+    # The skipped step counted, as tf_keras counts it.
+    assert int(opt.iterations.numpy()) == 2
   # One more finite step: the counter reaches 3 only after two more.
   opt.apply_gradients([(tf.constant([1.0]), var)])
-  assert (float(opt.loss_scale), int(opt.dynamic_counter.numpy())) == (32.0, 2)
+  assert (float(opt.loss_scale), int(opt.dynamic_counter.numpy()),
+          int(opt.iterations.numpy())) == (32.0, 2, 3)
   ours = str(tmp_path / 'ours')
   tf.train.Checkpoint(optimizer=opt).write(ours)
   assert fresh_process.run_json(['-c', _TF_KERAS_CHECKPOINT, ours, 'read'],
-                                legacy_keras=True) == [32.0, 2]
+                                legacy_keras=True) == [32.0, 2, 3]
 
 
 _INSTALL = '''

@@ -68,15 +68,18 @@ def name_dependencies(wrapper: Any, **children: Any) -> None:
   dependency after its attribute. Why: TensorFlow's v1 wrapper names its
   dependencies `base_optimizer` and `loss_scale`, tf_keras's Keras wrapper
   names one `loss_scale`, and checkpoints interchange only if ours use the
-  same names. `tests/test_checkpointing.py` fails if TensorFlow changes the
-  hook.
+  same names. A name already taken goes to the new child: Keras 3's wrapper
+  holds its own, unused count at `_iterations`, where tf_keras's holds the
+  inner optimizer's. `tests/test_checkpointing.py` fails if TensorFlow
+  changes the hook.
 
   Args:
     wrapper: The wrapper (a trackable optimizer).
     **children: The trackables to depend on, by dependency name.
   """
   for name, child in children.items():
-    wrapper._track_trackable(child, name)  # pylint: disable=protected-access
+    wrapper._track_trackable(  # pylint: disable=protected-access
+        child, name, overwrite=True)
 
 
 class DelegatesCheckpointToInner:

@@ -143,11 +143,7 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     return self.iterations
 
   def _on_skipped_step(self) -> Any:
-    # An accumulating optimizer derives `iterations` from its micro-steps:
-    # counting a skipped one would end its window early, a gradient missing.
-    if getattr(self.inner_optimizer, 'gradient_accumulation_steps', None):
-      return None
-    return super()._on_skipped_step()
+    return keras3_support.count_skipped_step(self.inner_optimizer)
 
   def stateless_apply(self, optimizer_variables: Sequence[Any],
                       grads: Sequence[Any],

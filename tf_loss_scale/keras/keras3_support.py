@@ -19,7 +19,7 @@ there (`check_replicas_are_summed`) rather than train them apart.
 """
 
 import re
-from typing import Tuple
+from typing import Any, Tuple
 
 import keras
 import tensorflow as tf
@@ -92,3 +92,15 @@ def check_replicas_are_summed(where: str) -> None:
         'TensorFlow 2.16 accepts), or use Keras 2 (tf_keras, with '
         'TF_USE_LEGACY_KERAS=1) and tf_loss_scale.keras.experimental.'
         'LossScaleOptimizer.')
+
+
+def count_skipped_step(inner: keras.optimizers.Optimizer) -> Any:
+  """Adds a skipped step to `inner.iterations`, as TF 2.3-2.15's wrappers.
+
+  Not for an accumulating optimizer: it derives its update steps from
+  `iterations`, and counting a skipped micro-step would end its window
+  early, a gradient missing. Returns what the assignment returns.
+  """
+  if getattr(inner, 'gradient_accumulation_steps', None):
+    return None
+  return inner.iterations.assign_add(1)

@@ -219,7 +219,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
         lambda unscaled: self.inner_optimizer.apply(
             unscaled, trainable_variables=trainable_variables),
         scaled=self._scaled_flags(grads, variables),
-        names=step_record.gradient_names(variables))
+        names=step_record.gradient_names(variables),
+        on_skip=lambda _: self._on_skipped_step())
 
   def stateless_apply(
       self, optimizer_variables: Sequence[Any], grads: Sequence[Any],
@@ -284,6 +285,9 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     with tf.control_dependencies(step.graph_elements(outcome.applied)):
       new_model, new_inner = scratch.read()
     return new_model, values[:num_own] + new_inner
+
+  def _on_skipped_step(self) -> Any:
+    """Runs once, cross-replica, on a skipped step: Keras's counts nothing."""
 
   # Every gradient given to an apply is of the scaled loss.
   _scaled_flags = staticmethod(protocols.scaled_flags)

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tf_loss_scale import private_api
 from tf_loss_scale import step
+from tf_loss_scale.keras import keras3_support
 from tf_loss_scale.keras import loss_scale_optimizer
 from tf_loss_scale.keras import protocols
 
@@ -84,10 +85,12 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         inner_optimizer,
         _INITIAL_SCALE if initial_scale is None else initial_scale,
         dynamic_growth_steps or _GROWTH_STEPS)
-    if dynamic:
-      # tf_keras's checkpoint layout, as a second path to the same variables.
-      object.__setattr__(self, '_tf_keras_layout', tf.Module())
-      private_api.name_dependencies(self, loss_scale=self._tf_keras_layout)
+    # tf_keras's checkpoint layout, as second paths to the same variables.
+    object.__setattr__(self, '_tf_keras_layout', tf.Module())
+    layout = {'loss_scale': self._tf_keras_layout} if dynamic else {}
+    if hasattr(self.inner_optimizer.iterations, 'assign'):  # Not computed.
+      layout['_iterations'] = self.inner_optimizer.iterations
+    private_api.name_dependencies(self, **layout)
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
@@ -111,13 +114,17 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   # The inner optimizer's count, as in TF 2.4-2.15. Keras before 3.9 sets its
   # own, which never moves, here: it stays in `variables` alone.
-  iterations = property(lambda self: self.inner_optimizer.iterations,
+  iterations = property(lambda self: _tf(self.inner_optimizer.iterations),
                         lambda self, keras_own_counter: None)
 
   @property
-  def dynamic_counter(self) -> Optional[Any]:
+  def dynamic_counter(self) -> Optional[tf.Variable]:
     """Finite steps since the scale last changed; None if fixed or unbuilt."""
-    return self.step_counter if self._dynamic and self.built else None
+    return _tf(self.step_counter) if self._dynamic and self.built else None
+
+  def _on_skipped_step(self) -> Any:
+    # TF 2.4-2.15: `iterations` counts skipped steps too.
+    return keras3_support.count_skipped_step(self.inner_optimizer)
 
   def _current_scale(self) -> tf.Tensor:
     return tf.convert_to_tensor(
@@ -165,6 +172,12 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       inner = keras.optimizers.deserialize(inner,
                                            custom_objects=custom_objects)
     return cls(inner, **config)
+
+
+def _tf(value: Any) -> Any:
+  # A Keras variable's tf.Variable, as tf_keras's (Keras 3.3's own refuses
+  # `int()`); a computed count as it is.
+  return getattr(value, 'value', value)
 
 
 class _FixedScale(step.ScaleState):
