@@ -71,12 +71,7 @@ class TwoProtocols:
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
     """Multiplies a loss by the scale; applies then take its gradients.
 
-    Args:
-      loss: A loss tensor (the scale is cast to its dtype), or a
-        zero-argument callable returning one.
-
-    Returns:
-      The scaled loss, or for a callable a callable returning it.
+    Args and returns as `tf_loss_scale.keras.LossScaleOptimizer.scale_loss`.
 
     Raises:
       RuntimeError: If `get_scaled_loss` or `get_unscaled_gradients` was
