@@ -44,10 +44,11 @@ _LAYOUTS = {
 _SCALES = [16.0, 32.0, 16.0, 16.0, 32.0]
 _GOOD_STEPS = [1, 0, 0, 1, 0]
 # The step counters after 5 steps, one of them skipped: TF1's global_step and
-# Keras 3's iterations count applied steps, TF 2.3's iterations every step.
+# Keras 3's iterations count applied steps; TF 2.3's and TF 2.4-2.15's
+# count every step, skipped ones too.
 _STEP_COUNTERS = {'v1': ('global_step', 4),
                   'experimental': ('iterations', 5),
-                  'mixed_precision': ('iterations', 4),
+                  'mixed_precision': ('iterations', 5),
                   'keras': ('iterations', 4),
                   'keras_fit': ('iterations', 4)}
 
