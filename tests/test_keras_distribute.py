@@ -246,6 +246,29 @@ def test_float16_gradients_are_summed_in_float32_as_keras_class_does(
       assert (scale, iterations) == (1.0, step + 1)
 
 
+def test_float32_sums_that_would_overflow_are_skipped_at_a_scale_below_2(
+    mirrored_strategy):
+  # At scale 1.5 each replica's quotient is 3e38 / 1.5 = 2e38, finite; their
+  # sum, 4e38, is past float32's largest value (3.4e38). Below twice the
+  # replicas the scale does not bound the sums: the quotients' magnitudes
+  # must, and the step is skipped everywhere.
+  with mirrored_strategy.scope():
+    opt = tls_keras.LossScaleOptimizer(keras.optimizers.SGD(1e-39),
+                                       initial_scale=1.5)
+    var = keras.Variable(np.array([1.0], np.float32))
+    opt.build([var])
+
+  @tf.function
+  def step():
+    mirrored_strategy.run(lambda: opt.apply([tf.constant([3e38])], [var]))
+
+  step()
+  for weights in _replica_values(mirrored_strategy, var):
+    np.testing.assert_array_equal(weights, [1.0])
+  assert _scale_of(opt) == 1.0  # Halved to 0.75, held at the floor of 1.
+  assert int(opt.skipped_steps) == 1
+
+
 # --- wrong use ------------------------------------------------------------------
 
 

@@ -131,8 +131,8 @@ class ScaleState(abc.ABC):
       grads: The step's unscaled gradients as `apply_fn` will get them
         (per-replica values under a strategy).
       all_finite: Computes the verdict on the gradients that will be
-        applied (`distribute.Reading.finite`). A state that never skips need not call it,
-        and then no verdict is computed at all.
+        applied (`distribute.Reading.finite`). A state that never skips
+        need not call it, and then no verdict is computed at all.
 
     Returns:
       The decision. By default the gradients' verdict.
@@ -272,14 +272,15 @@ def apply_step(grads: Sequence[Any],
     handed, grads = grads, unscale_where(grads, scaled, scale)
     if all(scaled):
       divided_by = scale
-  if not (reduces or summed):
+  sums = summed or not reduces  # Whether the step applies sums.
+  if sums and not summed:
     grads = distribute.all_reduce_in_replica(grads)
   # What the step reads: the quotients, or under XLA their dividends (see
   # `gradients.to_read`).
   read_from = grads
-  if divided_by is not None and reduces and not summed:
+  if divided_by is not None and not sums:
     read_from = gradients.to_read(handed, grads)
-  summed = summed or not reduces
+  dividends = read_from is not grads
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
                        read_from: List[Any],
@@ -287,8 +288,7 @@ def apply_step(grads: Sequence[Any],
     # The one reading of the gradients, made when the verdict or the report
     # first asks for it.
     reading = functools.lru_cache(maxsize=None)(lambda: distribute.read(
-        read_from, summed=summed, divided_by=divided_by,
-        dividends=read_from is not grads))
+        read_from, summed=sums, divided_by=divided_by, dividends=dividends))
     decision = state.decide(grads, lambda: reading().finite)
     report = state.skip_reporter(names, reading)
 
