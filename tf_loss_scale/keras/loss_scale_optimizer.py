@@ -183,8 +183,11 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     Returns:
       The scaled loss, or for a callable a callable returning it.
     """
-    scale = self.dynamic_scale if self.built else self.initial_scale
-    return gradients.scale_loss(loss, scale)
+    return gradients.scale_loss(loss, self._current_scale())
+
+  def _current_scale(self) -> tf.Tensor:
+    return tf.convert_to_tensor(
+        self.dynamic_scale if self.built else self.initial_scale, tf.float32)
 
   def apply(self, grads: Sequence[Any],
             trainable_variables: Optional[Sequence[Any]] = None) -> None:

@@ -126,12 +126,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     # TF 2.4-2.15: `iterations` counts skipped steps too.
     return keras3_support.count_skipped_step(self.inner_optimizer)
 
-  def _current_scale(self) -> tf.Tensor:
-    return tf.convert_to_tensor(
-        self.dynamic_scale if self.built else self.initial_scale, tf.float32)
-
-  loss_scale = property(_current_scale,
-                        doc='The current loss scale, a float32 scalar tensor.')
+  loss_scale = property(
+      lambda self: self._current_scale(),
+      doc='The current loss scale, a float32 scalar tensor.')
 
   def _scale_state(self, scale: Optional[tf.Tensor] = None,
                    counter: Optional[tf.Tensor] = None) -> step.ScaleState:

@@ -10,7 +10,6 @@ same on every replica. See docs/differences.md.
 
 from typing import Any, List, Optional, Sequence
 
-import tensorflow as tf
 
 from tf_loss_scale import gradients
 
@@ -45,15 +44,12 @@ def scaled_flags(grads: Sequence[Any],
 class TwoProtocols:
   """Keras 3's and TensorFlow's protocols on one optimizer (module rule).
 
-  A subclass gives `_current_scale()` and passes `_scaled_flags(grads,
+  A subclass gives `_current_scale()` (the loss scale now, a float32
+  scalar tensor; the Keras 3 form has one) and passes `_scaled_flags(grads,
   variables)` to `step.apply_step` as `scaled`.
   """
 
   _protocol = None  # Set on the instance by its first scaling call.
-
-  def _current_scale(self) -> tf.Tensor:
-    """The loss scale now, a float32 scalar tensor."""
-    raise NotImplementedError
 
   def _follow(self, protocol: str, method: str) -> None:
     if self._protocol is None:
