@@ -10,7 +10,6 @@ same on every replica. See docs/differences.md.
 
 from typing import Any, List, Optional, Sequence
 
-
 from tf_loss_scale import gradients
 
 _KERAS3 = 'scale_loss'
