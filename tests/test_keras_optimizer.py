@@ -161,6 +161,26 @@ def test_scale_never_grows_to_inf_unlike_keras():
   assert float(reference.dynamic_scale.numpy()) == INF
 
 
+def test_a_power_of_two_scale_grows_to_2_to_126_unlike_keras():
+  # Past it the float32 reciprocal is subnormal, flushed to zero on CPU.
+  ours = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=2.0**125,
+                            dynamic_growth_steps=1)
+  reference = keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.SGD(1.0), initial_scale=2.0**125,
+      dynamic_growth_steps=1)
+  trajectories = {}
+  for opt in (ours, reference):
+    var = keras.Variable([0.0])
+    scales = []
+    for _ in range(3):
+      opt.apply([tf.constant([2.0**124])], [var])
+      scales.append(float(opt.dynamic_scale.numpy()))
+    trajectories[opt] = scales, float(var.numpy()[0])
+  assert trajectories[ours] == ([2.0**126] * 3, -0.5 - 2 * 0.25)
+  assert trajectories[reference] == ([2.0**126, 2.0**127, INF],
+                                     -0.5 - 0.25 - 0.125)
+
+
 def test_custom_loop_with_tape_matches_reference_eager_and_function():
   data = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
   targets = np.array([[1.0], [0.0]], np.float32)
@@ -405,7 +425,9 @@ def test_gradients_are_divided_by_the_scale_as_keras_does(scale, scaled,
 
 
 @pytest.mark.parametrize('mode', ['eager', 'function', 'jit_compile'])
-@pytest.mark.parametrize('scale', [3.0, 1000.0, 2.0**15 + 1])
+# Powers of two are unscaled as products with their exact reciprocal, the
+# others by a division: both must match Keras's division.
+@pytest.mark.parametrize('scale', [3.0, 1000.0, 2.0**15 + 1, 2.0**15, 2.0**100])
 def test_any_scale_trains_bit_for_bit_as_keras_class_does(scale, mode):
   rng = np.random.default_rng(7)
   # Many values, so that dividing and multiplying by the reciprocal round
