@@ -9,10 +9,6 @@ and variables, slots, loss scale and `iterations` must be equal after every
 step. The TF 2.3 test file's cases are ported in test_experimental_tf23_spec.
 """
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
