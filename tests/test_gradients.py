@@ -393,25 +393,3 @@ def test_a_step_reads_dividends_under_xla_and_quotients_elsewhere():
   assert not chosen()
   assert not tf.function(chosen)()
   assert tf.function(chosen, jit_compile=True)()
-
-
-def test_exact_reciprocals_are_those_of_normal_powers_of_two():
-  exact = [s for s in (0.5, 1.0, 3.0, 1000.0, 2.0**15, 2.0**15 + 1,
-                       2.0**126, 2.0**127)
-           if gradients.has_exact_reciprocal(s)]
-  assert exact == [1.0, 2.0**15, 2.0**126]
-
-
-@pytest.mark.parametrize('scale', [1.0, 2.0**15, 2.0**126])
-def test_a_product_with_an_exact_reciprocal_is_the_quotient(scale):
-  rng = np.random.default_rng(5)
-  values = np.concatenate([
-      rng.uniform(-4, 4, 1000), [INF, -INF, NAN, 0.0, 3.4e38, 1.2e-38]])
-  grads = [tf.constant(values, tf.float32), tf.constant(values, tf.float16)]
-  scale = tf.constant(scale)
-  products = gradients.unscale(grads, scale, divide=True,
-                               exact_reciprocal=True)
-  quotients = [tf.cast(g, tf.float32) / scale for g in grads]
-  for product, quotient in zip(products, quotients):
-    assert product.dtype == tf.float32
-    np.testing.assert_array_equal(product.numpy(), quotient.numpy())

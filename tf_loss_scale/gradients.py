@@ -7,7 +7,6 @@ A gradient may be a dense tensor, a `tf.IndexedSlices` (kept sparse) or `None`
 (kept as `None` and otherwise ignored).
 """
 
-import math
 from typing import Any, Callable, List, Optional, Union
 
 import tensorflow as tf
@@ -34,23 +33,7 @@ def scale_loss(loss: Loss, scale: tf.Tensor) -> Loss:
   return _times(loss, scale)
 
 
-# The largest power of two whose float32 reciprocal is a normal number: the
-# reciprocal of 2**127 is subnormal, and CPU kernels flush it to zero.
-LARGEST_EXACT_RECIPROCAL = 2.0**126
-
-
-def has_exact_reciprocal(scale: float) -> bool:
-  """Whether `scale` is a power of two from 1 to `LARGEST_EXACT_RECIPROCAL`.
-
-  Such a scale's float32 reciprocal is exact, so a product with it rounds
-  as the quotient does.
-  """
-  mantissa, _ = math.frexp(scale)
-  return mantissa == 0.5 and 1.0 <= scale <= LARGEST_EXACT_RECIPROCAL
-
-
-def unscale(grads: Any, scale: tf.Tensor, divide: bool = False,
-            exact_reciprocal: bool = False) -> Any:
+def unscale(grads: Any, scale: tf.Tensor, divide: bool = False) -> Any:
   """Divides every gradient in a nested structure by the loss scale.
 
   Rounded as each front end's peer rounds. By default, as TensorFlow's v1
@@ -65,24 +48,15 @@ def unscale(grads: Any, scale: tf.Tensor, divide: bool = False,
     grads: A gradient or a nested structure (list, tuple, dict) of gradients.
     scale: The loss scale the gradients were computed with, a scalar tensor.
     divide: Whether to divide, as Keras 3's class does.
-    exact_reciprocal: With `divide`, the caller's promise that `scale` holds
-      a value for which `has_exact_reciprocal` is true. The quotients are
-      then computed as products with the reciprocal: the same values, and
-      Grappler folds a product by a scalar into the scalar products that
-      made a gradient (such as its scaling), where a quotient costs a pass
-      of its own over the values.
 
   Returns:
     A structure like `grads` holding the unscaled gradients.
   """
-  reciprocal = (None if divide and not exact_reciprocal else
-                1.0 / tf.cast(scale, tf.float32))
+  reciprocal = None if divide else 1.0 / tf.cast(scale, tf.float32)
 
   def unscale_values(values: tf.Tensor) -> tf.Tensor:
     wide = tf.float32 if values.dtype.size < 4 else values.dtype
     if divide:
-      if exact_reciprocal:
-        return tf.cast(values, wide) * tf.cast(reciprocal, wide)
       return tf.cast(values, wide) / tf.cast(scale, wide)
     return tf.cast(tf.cast(values, wide) * tf.cast(reciprocal, wide),
                    values.dtype)

@@ -119,11 +119,6 @@ class Outcome(NamedTuple):
 class ScaleState(abc.ABC):
   """A loss scale's state, as the step reads, consults and moves it."""
 
-  # Whether the scale is, at every step, a power of two whose reciprocal is
-  # exact (`gradients.has_exact_reciprocal`): the step then divides by it as
-  # a product (see `gradients.unscale`).
-  exact_reciprocal = False
-
   @abc.abstractmethod
   def scale(self) -> tf.Tensor:
     """Returns the current loss scale, a float32 scalar tensor."""
@@ -274,8 +269,7 @@ def apply_step(grads: Sequence[Any],
   divided_by = None
   if scaled is not None:
     scale = state.scale()
-    handed, grads = grads, unscale_where(grads, scaled, scale,
-                                         state.exact_reciprocal)
+    handed, grads = grads, unscale_where(grads, scaled, scale)
     if all(scaled):
       divided_by = scale
   sums = summed or not reduces  # Whether the step applies sums.
@@ -324,15 +318,13 @@ def apply_step(grads: Sequence[Any],
 
 
 def unscale_where(grads: List[Any], scaled: Sequence[bool],
-                  scale: tf.Tensor, exact_reciprocal: bool = False
-                 ) -> List[Any]:
+                  scale: tf.Tensor) -> List[Any]:
   """Divides by `scale`, as Keras 3 does, the gradients of a scaled loss.
 
   Args:
     grads: A list of gradients (`None` allowed).
     scaled: One bool per gradient.
     scale: The loss scale, a scalar tensor.
-    exact_reciprocal: As for `gradients.unscale`.
 
   Returns:
     A new list: marked gradients unscaled, the others as they were.
@@ -346,8 +338,7 @@ def unscale_where(grads: List[Any], scaled: Sequence[bool],
         f'Got {len(grads)} gradients but {len(scaled)} scaled flags: pass one '
         'flag per gradient.')
   unscaled = gradients.unscale(
-      [g if s else None for g, s in zip(grads, scaled)], scale, divide=True,
-      exact_reciprocal=exact_reciprocal)
+      [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
   return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
 
 

@@ -101,9 +101,6 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       inner_optimizer: The Keras 3 optimizer that applies the gradients. Its
         `loss_scale_factor` is set to None, as Keras's class does.
       initial_scale: The first loss scale, a finite number of at least 1.
-        A power of two (the default) stays one, and grows to at most
-        2**126; gradients are then divided by a product with its exact
-        reciprocal, which is faster and gives the same quotients.
       dynamic_growth_steps: Finite steps in a row after which the scale
         doubles, an integer of at least 1.
       name: The optimizer's name.
@@ -327,10 +324,6 @@ class _KerasScale(step.ScaleState):
                counter: Optional[tf.Tensor] = None):
     self._optimizer = optimizer
     self._values = None if scale is None else (scale, counter)
-    # Doubling and halving keep a power of two one; growth stops where the
-    # reciprocal would leave float32's normal range.
-    self.exact_reciprocal = gradients.has_exact_reciprocal(
-        optimizer.initial_scale)
 
   def scale(self) -> tf.Tensor:
     if self._values is not None:
@@ -351,9 +344,7 @@ class _KerasScale(step.ScaleState):
         tf.convert_to_tensor(opt.dynamic_scale),
         tf.convert_to_tensor(opt.step_counter))
     new_scale, new_counter = loss_scale_lib.next_dynamic_state(
-        scale, counter, verdict, int(opt.dynamic_growth_steps), _MULTIPLIER,
-        max_loss_scale=(gradients.LARGEST_EXACT_RECIPROCAL
-                        if self.exact_reciprocal else None))
+        scale, counter, verdict, int(opt.dynamic_growth_steps), _MULTIPLIER)
     new_counter = tf.cast(new_counter, counter.dtype)
     if self._values is not None:
       return new_scale, new_counter
