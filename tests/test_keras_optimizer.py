@@ -414,11 +414,11 @@ def _scaled_step(opt, var, factor):
 
 @pytest.mark.parametrize('mode', ['eager', 'function', 'jit_compile'])
 def test_a_gradient_that_overflows_once_scaled_is_skipped_as_keras_does(mode):
-  # The scaled gradient 2e34 * 32768 overflows. Multiplied by the scale's
-  # reciprocal instead of divided by it, Grappler folds the scale and its
-  # reciprocal into one factor of 1 in a tf.function: the gradient there is
-  # finite and the step was applied where this class skips it eagerly and
-  # Keras's class skips it in every mode.
+  # The scaled gradient 2e34 * 32768 overflows. Were it multiplied by the
+  # scale's reciprocal, Grappler would fold the scale and its reciprocal
+  # into one factor of 1 in a tf.function: the gradient there would be
+  # finite and the step applied, where the eager step and Keras's class in
+  # every mode skip it.
   results = {}
   for cls in (LossScaleOptimizer, keras.optimizers.LossScaleOptimizer):
     opt = cls(keras.optimizers.SGD(1.0))
@@ -440,7 +440,7 @@ def test_a_gradient_that_overflows_once_scaled_is_skipped_as_keras_does(mode):
 def test_any_scale_trains_bit_for_bit_as_keras_class_does(scale, mode):
   rng = np.random.default_rng(7)
   # Many values, so that dividing and multiplying by the reciprocal round
-  # differently for some of them at every scale.
+  # differently for some of them at every scale but the power of two.
   start = rng.uniform(-1, 1, 500).astype(np.float32)
   grads = rng.uniform(-4, 4, (len(SEQUENCE), 500)).astype(np.float32)
   for i, kind in enumerate(SEQUENCE):

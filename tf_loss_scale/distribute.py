@@ -71,9 +71,9 @@ def read(grads: Any, summed: bool = False,
       each replica's read of it.
     dividends: Whether `grads` are the gradients before that division
       (`gradients.to_read`): their magnitudes are then divided by the scale.
-      A quotient holds a NaN or an inf where its dividend does, but for a
-      finite dividend within a factor of a scale below 1 of float32's
-      largest value (the Keras forms' scales are never below 1).
+      A quotient is NaN or inf where its dividend is; only a scale below 1
+      (the Keras forms' never are) could carry a finite dividend past
+      float32's largest value.
 
   Returns:
     The `Reading`, with one entry per entry of `tf.nest.flatten(grads)`.

@@ -1,13 +1,15 @@
 """What the loss scale optimizers refuse to wrap, and where they refuse to run.
 
-One policy for every front end: `tf_loss_scale.MixedPrecisionLossScaleOptimizer`,
+One policy for every front end:
+`tf_loss_scale.MixedPrecisionLossScaleOptimizer`,
 `tf_loss_scale.keras.LossScaleOptimizer` (and TF 2.4-2.15's form, its
 subclass), and `tf_loss_scale.keras.experimental.LossScaleOptimizer` around
-Keras 3 and around tf_keras optimizers. Each calls `check_new_wrapper` in its constructor and
-`check_step` when a step starts, before anything of the step is built, so a
-refused call changes nothing. Each form wraps its own family; no loss scale
-optimizer is wrapped, nor an optimizer a live one of ours holds (marked by a
-weak reference); strategies are refused as docs/distribution.md says.
+Keras 3 and around tf_keras optimizers. Each calls `check_new_wrapper` in
+its constructor and `check_step` when a step starts, before anything of
+the step is built, so a refused call changes nothing. Each form wraps its
+own family; no loss scale optimizer is wrapped, nor an optimizer a live one
+of ours holds (marked by a weak reference); strategies are refused as
+docs/distribution.md says.
 Messages start with the peer's wording where it has one, then say what to do.
 """
 
