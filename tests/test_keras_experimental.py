@@ -484,6 +484,63 @@ def test_slots_are_found_by_variable_when_built_in_another_order():
   assert opt.get_slot_names() == ['momentum']
 
 
+@pytest.mark.parametrize('order', ['short first', 'long first'])
+def test_a_slot_whose_name_two_variables_fit_is_the_longer_names(order):
+  # Keras names the slots 'a_momentum' and 'a_b_momentum': the second also
+  # reads as a slot 'b_momentum' of 'a'.
+  opt = LossScaleOptimizer(keras.optimizers.SGD(1.0, momentum=0.5), 1)
+  short = keras.Variable([1.0, 1.0], name='a')
+  long = keras.Variable([1.0, 1.0], name='a_b')
+  pairs = [(tf.constant([1.0, 2.0]), short), (tf.constant([3.0, 4.0]), long)]
+  opt.apply_gradients(pairs if order == 'short first' else pairs[::-1])
+  assert opt.get_slot(short, 'momentum').numpy().tolist() == [-1.0, -2.0]
+  assert opt.get_slot(long, 'momentum').numpy().tolist() == [-3.0, -4.0]
+  assert opt.get_slot_names() == ['momentum']
+
+
+def test_slot_kinds_with_underscores_are_found_with_adam_values():
+  # Adam with amsgrad makes 'momentum', 'velocity' and 'velocity_hat'. After
+  # one step with gradient g: m = 0.1 g, v = vhat = 0.001 g**2.
+  opt = LossScaleOptimizer(keras.optimizers.Adam(0.1, amsgrad=True), 1)
+  var = keras.Variable([1.0, 1.0], name='w')
+  opt.apply_gradients([(tf.constant([2.0, -4.0]), var)])
+  assert opt.get_slot_names() == ['momentum', 'velocity', 'velocity_hat']
+  np.testing.assert_allclose(opt.get_slot(var, 'momentum').numpy(),
+                             [0.2, -0.4], rtol=1e-6)
+  for kind in ('velocity', 'velocity_hat'):
+    np.testing.assert_allclose(opt.get_slot(var, kind).numpy(),
+                               [0.004, 0.016], rtol=1e-6, err_msg=kind)
+
+
+def test_a_kind_of_slot_made_for_some_variables_goes_to_those():
+  # Two variables named 'w'; the optimizer gives 'extra' only to matrices.
+
+  class SomeSlots(keras.optimizers.Optimizer):
+
+    def build(self, var_list):
+      if self.built:
+        return
+      super().build(var_list)
+      for var in var_list:
+        self.add_variable_from_reference(var, 'momentum')
+      for var in var_list:
+        if len(var.shape) == 2:
+          self.add_variable_from_reference(var, 'extra', initializer='ones')
+
+    def update_step(self, gradient, variable, learning_rate):
+      variable.assign_sub(gradient * learning_rate)
+
+  opt = LossScaleOptimizer(SomeSlots(learning_rate=1.0), 1)
+  vector = keras.Variable([1.0, 1.0], name='w')
+  matrix = keras.Variable(np.ones((2, 2), np.float32), name='w')
+  opt.build([vector, matrix])
+  assert opt.get_slot(matrix, 'extra').shape == (2, 2)
+  assert opt.get_slot(vector, 'momentum').shape == (2,)
+  assert opt.get_slot(matrix, 'momentum').shape == (2, 2)
+  with pytest.raises(KeyError, match="No slot 'extra'"):
+    opt.get_slot(vector, 'extra')
+
+
 def test_slots_of_an_inner_built_before_wrapping_are_never_anothers():
   # Before: with two variables named 'w' and the inner optimizer built in
   # the other order before it was wrapped, each got the other's slot. Slots

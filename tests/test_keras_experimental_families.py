@@ -184,6 +184,19 @@ def test_keras2_new_slots_are_found_by_variable_when_built_in_another_order():
   np.testing.assert_array_equal(extra.numpy(), [1.0])
 
 
+def test_keras2_new_slot_whose_name_two_variables_fit_is_the_longer_names():
+  # Keras 2 names the slots 'm/kernel:0' and 'm/dense/kernel:0': the second
+  # also reads as a slot 'm/dense' of 'kernel'.
+  opt = LossScaleOptimizer(_sgd('keras2', 1.0, momentum=0.5), 1)
+  short = tf.Variable([1.0, 1.0], name='kernel')
+  long = tf.Variable([1.0, 1.0], name='dense/kernel')
+  opt.apply_gradients([(tf.constant([1.0, 2.0]), short),
+                       (tf.constant([3.0, 4.0]), long)])
+  assert opt.get_slot(short, 'm').numpy().tolist() == [-1.0, -2.0]
+  assert opt.get_slot(long, 'm').numpy().tolist() == [-3.0, -4.0]
+  assert opt.get_slot_names() == ['m']
+
+
 def test_keras2_new_optimizer_with_ema_keeps_one_copy_of_it(tmp_path):
   # Only the inner optimizer keeps the moving averages.
   inner = _sgd('keras2', 0.5, use_ema=True)

@@ -3,10 +3,8 @@
 The rest of the library calls these where no public API does the job.
 """
 
-import contextlib
-import inspect
 import re
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import tensorflow as tf
 
@@ -154,40 +152,3 @@ def enclosing_xla_context() -> Any:
   internal = getattr(tf, '__internal__', None)
   enclosing = getattr(internal, 'get_enclosing_xla_context', None)
   return None if enclosing is None else enclosing()
-
-
-@contextlib.contextmanager
-def slots_created(optimizer: Any,
-                  record: Callable[[Any, str, Any], None]) -> Iterator[None]:
-  """Calls `record(variable, slot_name, slot)` for each slot made inside.
-
-  Hook: an entry in `optimizer.__dict__` that shadows the public
-  `add_variable_from_reference` (which makes every slot) in the block. Why:
-  neither Keras tells a slot's model variable but in private lists, and a
-  slot name rebuilt from the variable's finds another's when two share it.
-
-  Args:
-    optimizer: A Keras 3 or Keras 2 new optimizer.
-    record: Called with the model variable, the slot's name and the slot.
-
-  Yields:
-    Nothing; on exit `optimizer` is as it was.
-  """
-  create = optimizer.add_variable_from_reference
-  signature = inspect.signature(create)
-  # The model variable and the slot's name are the first two arguments
-  # (their names differ between Keras 2 and Keras 3).
-  reference_arg, name_arg = list(signature.parameters)[:2]
-
-  def create_and_record(*args, **kwargs):
-    slot = create(*args, **kwargs)
-    given = signature.bind(*args, **kwargs).arguments
-    record(given[reference_arg], given.get(name_arg), slot)
-    return slot
-
-  # Set and removed past Keras's attribute tracking.
-  optimizer.__dict__['add_variable_from_reference'] = create_and_record
-  try:
-    yield
-  finally:
-    del optimizer.__dict__['add_variable_from_reference']

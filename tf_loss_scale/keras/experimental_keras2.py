@@ -150,6 +150,7 @@ class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
   """Loss scaling around a Keras 2 new optimizer; slots found by variable."""
 
   _kind = families.KERAS2
+  _slot_naming = slots.KERAS2
   # Keras 2's tools for optimizer implementations: the inner optimizer's.
   _INNER_METHODS = frozenset({
       'add_variable', 'add_variable_from_reference', 'aggregate_gradients',

@@ -31,6 +31,7 @@ class LossScaleOptimizer(slots.SlotsByVariable,
 
   _keras = keras
   _kind = families.KERAS3
+  _slot_naming = slots.KERAS3
   # Keras's tools for optimizer implementations: the inner optimizer's.
   _INNER_METHODS = frozenset({
       'add_variable', 'add_variable_from_reference',

@@ -1,14 +1,91 @@
 """An optimizer's per-variable state, found by the identity of the variable.
 
 Keras 3's and Keras 2's new optimizers have no `get_slot`; TF 2.3's
-wrapper had one. The experimental form records each slot the inner
-optimizer creates while it builds it under the model variable itself (two
-variables may share a name), through `private_api.slots_created`.
+wrapper had one. The experimental form builds the inner optimizer itself
+and then records each slot that build created under the model variable it
+belongs to, told by the name the slot carries (each Keras names a slot after
+its variable, as its saved files show) and, among variables that share a
+name, by the order of the build's variables, in which every Keras optimizer
+creates its slots.
 """
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Sequence, Tuple
 
-from tf_loss_scale import private_api
+
+class SlotNaming(NamedTuple):
+  """How a Keras names an optimizer's slot after its model variable.
+
+  Attributes:
+    key: The part of a model variable's name that its slots' names carry.
+    splits: Every way to read a slot's name as `(key, kind)`, the kind being
+      the slot's own name (such as 'momentum').
+  """
+  key: Callable[[Any], str]
+  splits: Callable[[str], List[Tuple[str, str]]]
+
+
+def _cuts(name: str, separator: str) -> List[int]:
+  # The positions of `separator` in `name` with something either side.
+  return [i for i in range(1, len(name) - 1) if name[i] == separator]
+
+
+# Keras 3: `{path}_{kind}`, the path with `_` for `/` (for a `tf.Variable`,
+# its name with `_` for `/` and `:`).
+KERAS3 = SlotNaming(
+    key=lambda var: (var.path.replace('/', '_') if hasattr(var, 'path') else
+                     str(var.name).replace('/', '_').replace(':', '_')),
+    splits=lambda name: [(name[:i], name[i + 1:]) for i in _cuts(name, '_')])
+
+# Keras 2's new optimizers: `{kind}/{name}:0`, the variable's name without
+# its output index, then TensorFlow's `:0`.
+KERAS2 = SlotNaming(
+    key=lambda var: var.name.partition(':')[0],
+    splits=lambda name: [(name[i + 1:-2], name[:i])
+                         for i in _cuts(name[:-2], '/')
+                         if name.endswith(':0')])
+
+
+def owners(var_list: Sequence[Any], created: Sequence[Any],
+           naming: SlotNaming) -> List[Tuple[Any, str, Any]]:
+  """Tells which variable of a build each variable it created is a slot of.
+
+  A created variable is a slot of the variable whose name its own carries.
+  Where two variables' names both fit it (one name extends the other), of
+  the longer name. Of variables with the same name, of one of its shape if
+  one has it, and then of the first in `var_list` that has no slot of that
+  kind yet: an optimizer makes each kind of slot in the order of the
+  variables it builds for. (So the one guess left is among variables of one
+  name and one shape when an optimizer gives a kind of slot to some of them
+  only.)
+
+  Args:
+    var_list: The variables the optimizer was built for, in that order.
+    created: The variables the build created, in the order it did.
+    naming: How the optimizer's Keras names slots.
+
+  Returns:
+    `(variable, kind, slot)` triples, one per created variable that is a
+    slot; the others (such as an optimizer's own counters) are left out.
+  """
+  by_key = {}
+  for i, var in enumerate(var_list):
+    by_key.setdefault(naming.key(var), []).append(i)
+  found = []
+  taken = set()
+  for slot in created:
+    fits = sorted((len(kind), _shape(slot) != _shape(var_list[i]), i, kind)
+                  for key, kind in naming.splits(slot.name)
+                  for i in by_key.get(key, ()))
+    for *_, i, kind in fits:
+      if (i, kind) not in taken:
+        taken.add((i, kind))
+        found.append((var_list[i], kind, slot))
+        break
+  return found
+
+
+def _shape(variable: Any) -> Tuple[Any, ...]:
+  return tuple(variable.shape)
 
 
 class SlotTable:
@@ -21,8 +98,7 @@ class SlotTable:
 
   def add(self, variable: Any, name: str, slot: Any) -> None:
     """Records `slot` as the slot `name` of `variable`."""
-    if name is not None:
-      self._by_variable.setdefault(id(variable), (variable, {}))[1][name] = slot
+    self._by_variable.setdefault(id(variable), (variable, {}))[1][name] = slot
 
   def get(self, variable: Any, name: str) -> Any:
     """Returns the slot `name` of `variable`.
@@ -54,7 +130,10 @@ class SlotsByVariable:
 
   A mixin placed before `experimental.LossScaleOptimizer`: it keeps a
   `SlotTable` of the inner optimizer's slots, filled by `_build_inner`.
+  A class using it says how its Keras names slots in `_slot_naming`.
   """
+
+  _slot_naming: SlotNaming
 
   def __init__(self, *args: Any, **kwargs: Any):
     super().__init__(*args, **kwargs)
@@ -62,8 +141,13 @@ class SlotsByVariable:
 
   def _build_inner(self, var_list: Sequence[Any]) -> None:
     """Builds the inner optimizer for `var_list`, recording its slots."""
-    with private_api.slots_created(self.inner_optimizer, self._slots.add):
-      self.inner_optimizer.build(var_list)
+    var_list = list(var_list)
+    before = {id(v) for v in self.inner_optimizer.variables}
+    self.inner_optimizer.build(var_list)
+    created = [v for v in self.inner_optimizer.variables
+               if id(v) not in before]
+    for var, name, slot in owners(var_list, created, self._slot_naming):
+      self._slots.add(var, name, slot)
 
   def add_slot(self, var: Any, slot_name: str,
                initializer: Any = 'zeros') -> Any:
