@@ -3,10 +3,11 @@
 Keras 3's and Keras 2's new optimizers have no `get_slot`; TF 2.3's
 wrapper had one. The experimental form builds the inner optimizer itself
 and then records each slot that build created under the model variable it
-belongs to, told by the name the slot carries (each Keras names a slot after
-its variable, as its saved files show) and, among variables that share a
-name, by the order of the build's variables, in which every Keras optimizer
-creates its slots.
+belongs to (`owners`): told by the name the slot carries (each Keras names a
+slot after its variable, as its saved files show) and, among variables that
+share a name, by shape and by the order of the build's variables, in which
+Keras optimizers create their slots. Nothing of the inner optimizer is
+patched or read but its public `build` and `variables`.
 """
 
 from typing import Any, Callable, Dict, List, NamedTuple, Sequence, Tuple
