@@ -4,9 +4,9 @@ Keras 3's and Keras 2's new optimizers have no `get_slot`; TF 2.3's
 wrapper had one. The experimental form builds the inner optimizer itself
 and then records each slot that build created under the model variable it
 belongs to (`owners`): told by the name the slot carries (each Keras names a
-slot after its variable, as its saved files show) and, among variables that
-share a name, by shape and by the order of the build's variables, in which
-Keras optimizers create their slots. Nothing of the inner optimizer is
+slot after its variable) and, among variables that share a name, by shape
+and by the order of the build's variables, in which Keras optimizers create
+their slots. Nothing of the inner optimizer is
 patched or read but its public `build` and `variables`.
 """
 
@@ -37,13 +37,19 @@ KERAS3 = SlotNaming(
                      str(var.name).replace('/', '_').replace(':', '_')),
     splits=lambda name: [(name[:i], name[i + 1:]) for i in _cuts(name, '_')])
 
+
+def _keras2_splits(name: str) -> List[Tuple[str, str]]:
+  # `{kind}/{key}:0`, TensorFlow's `:0` after the name Keras 2 gave.
+  if not name.endswith(':0'):
+    return []
+  given = name[:-2]
+  return [(given[i + 1:], given[:i]) for i in _cuts(given, '/')]
+
+
 # Keras 2's new optimizers: `{kind}/{name}:0`, the variable's name without
-# its output index, then TensorFlow's `:0`.
-KERAS2 = SlotNaming(
-    key=lambda var: var.name.partition(':')[0],
-    splits=lambda name: [(name[i + 1:-2], name[:i])
-                         for i in _cuts(name[:-2], '/')
-                         if name.endswith(':0')])
+# its output index.
+KERAS2 = SlotNaming(key=lambda var: var.name.partition(':')[0],
+                    splits=_keras2_splits)
 
 
 def owners(var_list: Sequence[Any], created: Sequence[Any],
