@@ -220,6 +220,12 @@ class LossScaleState(ScaleState):
     return None
 
 
+# The step is plain graph building, written for TF1 graphs too: AutoGraph
+# has nothing to convert in it, and left on, it would convert the step, the
+# front ends' callbacks and everything they call each time a `tf.function`
+# traces a step (the inner optimizer's apply included, which Keras's own
+# class calls unconverted).
+@tf.autograph.experimental.do_not_convert
 def apply_step(grads: Sequence[Any],
                state: ScaleState,
                apply_fn: Callable[[List[Any]], Any],
