@@ -168,6 +168,9 @@ def _measure_row(mode, shape, args):
       'median_ms': {n: 1e3 * statistics.median(t) for n, t in times.items()},
       'overhead': {ours: ours_over, reference: ref_over},
       'ratio': ours_over / ref_over if ref_over > 0 else None,
+      # How much that ratio moves between blocks: its quartiles over them.
+      'ratio_quartiles': timing.ratio_quartiles(times[ours], times[reference],
+                                                times[bare]),
       # Each floor's overhead over the reference's: 'floor' holds the
       # gradients back, 'read_floor' also reads each once; no exact skip
       # goes below the read floor.
@@ -215,7 +218,8 @@ def _measure_memory(row, steps):
 
 def _format_table(rows):
   header = (f"{'mode':9} {'shape':7} {'bare ms':>8} {'ours ms':>8} "
-            f"{'ref ms':>8} {'ours +%':>8} {'ref +%':>8} {'ratio':>6} {'floor':>6} "
+            f"{'ref ms':>8} {'ours +%':>8} {'ref +%':>8} {'ratio':>6} {'q1-q3':>9} "
+            f"{'floor':>6} "
             f"{'read':>6}  "
             f"{'reference':9} {'target':18} {'met':4} {'same':4} "
             f"{'ops +o/+r':>11} {'RSS MB bare/ours/ref':>22} {'reduce b/o/r':>12} "
@@ -227,6 +231,8 @@ def _format_table(rows):
     floors = r['floor_ratios']
     ratio, floor, read = ('-' if v is None else f'{v:.2f}' for v in (
         r['ratio'], floors.get('floor'), floors.get('read_floor')))
+    quartiles = r.get('ratio_quartiles')
+    spread = '-' if quartiles is None else '{:.2f}-{:.2f}'.format(*quartiles)
     met = {True: 'yes', False: 'NO', None: '-'}[r['met']]
     rss = r.get('peak_rss_mb')
     rss = '/'.join(f'{rss[n]:.0f}' for n in (bare, ours, ref)) if rss else '-'
@@ -239,7 +245,7 @@ def _format_table(rows):
     lines.append(
         f"{r['mode']:9} {r['shape']:7} {ms[bare]:8.3f} {ms[ours]:8.3f} "
         f"{ms[ref]:8.3f} {100 * r['overhead'][ours]:+7.1f}% "
-        f"{100 * r['overhead'][ref]:+7.1f}% {ratio:>6} {floor:>6} {read:>6}  {ref:9} "
+        f"{100 * r['overhead'][ref]:+7.1f}% {ratio:>6} {spread:>9} {floor:>6} {read:>6}  {ref:9} "
         f"{r['target']:18} {met:4} {'yes' if r['identical_to_reference'] else 'NO':4} "
         f"{ops:>11} {rss:>22} {red:>12} {coll:>10}")
   return '\n'.join(lines)

@@ -8,7 +8,7 @@ repetition before taking medians.
 
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 
 def steps_per_block(step: Callable[[], None], target_seconds: float) -> int:
@@ -50,3 +50,31 @@ def interleaved(steps: Dict[str, Callable[[], None]], repetitions: int,
 def median_overhead(times: List[float], baseline: List[float]) -> float:
   """Median over repetitions of `times / baseline - 1` (paired per block)."""
   return statistics.median(t / b - 1.0 for t, b in zip(times, baseline))
+
+
+def ratio_quartiles(times: List[float], reference: List[float],
+                    baseline: List[float]
+                   ) -> Optional[Tuple[float, float]]:
+  """The spread of the overhead ratio over the repetitions of one run.
+
+  Each repetition gives its own ratio of `times`' overhead over `baseline`
+  to `reference`'s (all three timed in that repetition). Their first and
+  third quartiles show how much the ratio moves from block to block; the
+  median over a run moves less.
+
+  Args:
+    times: Per-step seconds of the measured variant, one per repetition.
+    reference: The same for the variant it is compared with.
+    baseline: The same for the bare step both add to.
+
+  Returns:
+    (first quartile, third quartile), or None when some repetition's
+    reference added nothing to compare with.
+  """
+  ratios = []
+  for t, r, b in zip(times, reference, baseline):
+    if r <= b:
+      return None
+    ratios.append((t / b - 1.0) / (r / b - 1.0))
+  quartiles = statistics.quantiles(ratios, n=4)
+  return quartiles[0], quartiles[2]
