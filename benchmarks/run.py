@@ -2,7 +2,7 @@
 
 Usage (from the repository root):
 
-  .venv/bin/python benchmarks/run.py            # full run, about 15 minutes
+  .venv/bin/python benchmarks/run.py            # full run, about 10 minutes
   .venv/bin/python benchmarks/run.py --quick    # short run, a few minutes
   .venv/bin/python benchmarks/run.py --modes graph --shapes 10x1M,200x1k
 
@@ -83,7 +83,7 @@ def _parse_args(argv):
   parser.add_argument('--modes', default=','.join(variants.MODES))
   parser.add_argument('--shapes', default=','.join(workloads.WORKLOADS))
   parser.add_argument('--repetitions', type=int, default=None,
-                      help='timed blocks per variant (default 15, quick 5)')
+                      help='timed blocks per variant (default 30, quick 5)')
   parser.add_argument('--block-seconds', type=float, default=None,
                       help='target length of one timed block (default 0.2, '
                       'quick 0.08)')
@@ -257,7 +257,7 @@ def main(argv=None):
     _run_child(args.child)
     return 0
   if args.repetitions is None:
-    args.repetitions = 5 if args.quick else 15
+    args.repetitions = 5 if args.quick else 30
   if args.block_seconds is None:
     args.block_seconds = 0.08 if args.quick else 0.2
   rows = []
