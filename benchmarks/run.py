@@ -5,6 +5,7 @@ Usage (from the repository root):
   .venv/bin/python benchmarks/run.py            # full run, about 10 minutes
   .venv/bin/python benchmarks/run.py --quick    # short run, a few minutes
   .venv/bin/python benchmarks/run.py --modes graph --shapes 10x1M,200x1k
+  .venv/bin/python benchmarks/run.py --against bae83b1 --shapes 10x1M,matmul
 
 For every mode and workload it builds the bare SGD step, ours and the
 reference wrapper in one process, times them interleaved, and prints the
@@ -22,8 +23,12 @@ functions, such as the branches of a conditional, included, but for the
 bodies of functions never inlined, which run only when called) and checks
 that ours ends with the same variable values as the reference. Rows under a strategy also count
 the cross-replica reductions per step of each variant, and among them the
-collective ops (benchmarks/collectives.py). Results go to
-benchmarks/results.json (or --json PATH).
+collective ops (benchmarks/collectives.py). With --against COMMIT every row
+also times this library as it was at that commit (benchmarks/earlier.py),
+interleaved with the others, and gives its ratio and ours' overhead over
+its, with the quartiles: whether a change made a step slower, told apart
+from the drift between runs. Results go to benchmarks/results.json (or
+--json PATH).
 
 Targets (ratio = ours' added overhead / the reference's): at most 0.75
 under MirroredStrategy and in a `tf.function`, at most 0.5 with
@@ -60,6 +65,7 @@ import keras  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 from benchmarks import collectives  # pylint: disable=g-import-not-at-top
+from benchmarks import earlier  # pylint: disable=g-import-not-at-top
 from benchmarks import memory  # pylint: disable=g-import-not-at-top
 from benchmarks import timing  # pylint: disable=g-import-not-at-top
 from benchmarks import variants  # pylint: disable=g-import-not-at-top
@@ -81,7 +87,10 @@ def _parse_args(argv):
   parser.add_argument('--quick', action='store_true',
                       help='fewer repetitions, memory on 10x1M only')
   parser.add_argument('--modes', default=','.join(variants.MODES))
-  parser.add_argument('--shapes', default=','.join(workloads.WORKLOADS))
+  parser.add_argument('--shapes', default=','.join(workloads.TABLE),
+                      help=f'of {", ".join(workloads.WORKLOADS)}')
+  parser.add_argument('--against', metavar='COMMIT',
+                      help='also time this library as it was at COMMIT')
   parser.add_argument('--repetitions', type=int, default=None,
                       help='timed blocks per variant (default 30, quick 5)')
   parser.add_argument('--block-seconds', type=float, default=None,
@@ -145,8 +154,9 @@ def _measure_row(mode, shape, args):
   strategy = _strategy_for(mode)
   workload = workloads.WORKLOADS[shape]
   floor = list(variants.FLOORS.get(family, {}))
+  before = list(variants.EARLIER.get(family, {}))
   runners = {n: variants.build(mode, family, n, workload, strategy)
-             for n in names + floor}
+             for n in names + floor + before}
   for runner in runners.values():  # tracing, compilation, allocator warm-up
     for _ in range(5):
       runner.step()
@@ -178,6 +188,8 @@ def _measure_row(mode, shape, args):
                            ref_over if ref_over > 0 else None)
                        for n in floor},
       'identical_to_reference': _identical(values[ours], values[reference]),
+      'earlier': _earlier_figures(times, ours, bare, ref_over) if before
+                 else None,
       # Ops of the traced step; the wrappers' are also given as added to
       # the bare step's.
       'ops': ops,
@@ -208,6 +220,24 @@ def _measure_row(mode, shape, args):
   return row
 
 
+def _earlier_figures(times, ours, bare, ref_over):
+  """How the library at an earlier commit (--against) compares in a row.
+
+  Returns its overhead over the reference's ('ratio'), ours' over its
+  ('ours_over_earlier': above 1 when ours is slower), and the quartiles of
+  that over the repetitions.
+  """
+  earlier_over = timing.median_overhead(times['earlier'], times[bare])
+  ours_over = timing.median_overhead(times[ours], times[bare])
+  return {
+      'ratio': earlier_over / ref_over if ref_over > 0 else None,
+      'ours_over_earlier': ours_over / earlier_over if earlier_over > 0
+                           else None,
+      'quartiles': timing.ratio_quartiles(times[ours], times['earlier'],
+                                          times[bare]),
+  }
+
+
 def _measure_memory(row, steps):
   family, mode, shape = row['family'], row['mode'], row['shape']
   row['peak_rss_mb'] = {
@@ -223,7 +253,7 @@ def _format_table(rows):
             f"{'read':>6}  "
             f"{'reference':9} {'target':18} {'met':4} {'same':4} "
             f"{'ops +o/+r':>11} {'RSS MB bare/ours/ref':>22} {'reduce b/o/r':>12} "
-            f"{'coll b/o/r':>10}")
+            f"{'coll b/o/r':>10} {'earlier':>7} {'ours/earlier':>17}")
   lines = [header, '-' * len(header)]
   for r in rows:
     bare, ours, ref = variants.FAMILIES[r['family']]
@@ -242,12 +272,18 @@ def _format_table(rows):
     coll = '/'.join(f'{coll[n]:g}' for n in (bare, ours, ref)) if coll else '-'
     added = r['ops_added']
     ops = f'{added[ours]:+d}/{added[ref]:+d}'
+    before = r.get('earlier') or {}
+    before_ratio, ours_over_before = ('-' if v is None else f'{v:.2f}' for v in (
+        before.get('ratio'), before.get('ours_over_earlier')))
+    if before.get('quartiles'):
+      ours_over_before += ' ({:.2f}-{:.2f})'.format(*before['quartiles'])
     lines.append(
         f"{r['mode']:9} {r['shape']:7} {ms[bare]:8.3f} {ms[ours]:8.3f} "
         f"{ms[ref]:8.3f} {100 * r['overhead'][ours]:+7.1f}% "
         f"{100 * r['overhead'][ref]:+7.1f}% {ratio:>6} {spread:>9} {floor:>6} {read:>6}  {ref:9} "
         f"{r['target']:18} {met:4} {'yes' if r['identical_to_reference'] else 'NO':4} "
-        f"{ops:>11} {rss:>22} {red:>12} {coll:>10}")
+        f"{ops:>11} {rss:>22} {red:>12} {coll:>10} {before_ratio:>7} "
+        f"{ours_over_before:>17}")
   return '\n'.join(lines)
 
 
@@ -256,6 +292,9 @@ def main(argv=None):
   if args.child:
     _run_child(args.child)
     return 0
+  if args.against:
+    variants.add_earlier(earlier.load(
+        args.against, os.path.dirname(os.path.abspath(__file__))))
   if args.repetitions is None:
     args.repetitions = 5 if args.quick else 30
   if args.block_seconds is None:
@@ -277,6 +316,7 @@ def main(argv=None):
       'keras': keras.__version__,
       'python': platform.python_version(),
       'cpus': os.cpu_count(),
+      'against': args.against,
       'load_average': os.getloadavg(),
       'timing': ('median over repetitions of per-step time of an interleaved '
                  'block; overhead = median of paired (variant / bare - 1)'),

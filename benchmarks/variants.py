@@ -14,6 +14,7 @@ Modes:
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import keras
@@ -22,7 +23,6 @@ import tensorflow as tf
 
 import tf_loss_scale
 from tf_loss_scale import gradients
-from tf_loss_scale import keras as ours_keras
 from benchmarks.workloads import Workload
 
 LEARNING_RATE = 0.01
@@ -53,8 +53,8 @@ def _bare_v1():
   return tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE)
 
 
-def _ours_v1():
-  return tf_loss_scale.MixedPrecisionLossScaleOptimizer(_bare_v1(), 'dynamic')
+def _ours_v1(package=tf_loss_scale):
+  return package.MixedPrecisionLossScaleOptimizer(_bare_v1(), 'dynamic')
 
 
 def _tf_v1():
@@ -66,8 +66,8 @@ def _bare_keras():
   return keras.optimizers.SGD(LEARNING_RATE)
 
 
-def _ours_keras():
-  return ours_keras.LossScaleOptimizer(
+def _ours_keras(package=tf_loss_scale):
+  return package.keras.LossScaleOptimizer(
       _bare_keras(), initial_scale=INITIAL_SCALE,
       dynamic_growth_steps=GROWTH_STEPS)
 
@@ -129,6 +129,19 @@ FAMILIES = {
 }
 # family -> {name: factory} of a floor variant timed beside the others.
 FLOORS = {'v1': {'floor': _BarrierFloorV1, 'read_floor': _ReadFloorV1}}
+# family -> {'earlier': factory} of this library at an earlier commit, once
+# `add_earlier` has given it.
+EARLIER = {}
+
+
+def add_earlier(package: Any) -> None:
+  """Makes `package`, this library at an earlier commit, a variant.
+
+  Args:
+    package: The package as `benchmarks.earlier.load` imports it.
+  """
+  EARLIER['v1'] = {'earlier': functools.partial(_ours_v1, package)}
+  EARLIER['keras'] = {'earlier': functools.partial(_ours_keras, package)}
 
 
 def build(mode: str, family: str, variant: str, workload: Workload,
@@ -224,5 +237,6 @@ def _function_runner(workload: Workload, family: str, make_optimizer,
 
 
 def variants_of(family: str) -> Dict[str, Callable]:
-  """Every variant of `family` that `build` can make, its floor included."""
-  return {**FAMILIES[family], **FLOORS.get(family, {})}
+  """Every variant of `family` that `build` can make: floors, earlier too."""
+  return {**FAMILIES[family], **FLOORS.get(family, {}),
+          **EARLIER.get(family, {})}

@@ -44,6 +44,29 @@ def _dense(count: int, size: int) -> Workload:
   return Workload(f'{count}x{_short(size)}', initial_values, loss)
 
 
+def _matmul(count: int, size: int, batch: int) -> Workload:
+  """`count` float32 `size`x`size` weights, each applied to a fixed batch.
+
+  loss = sum of the mean squares of `batch @ weight`. Each gradient is the
+  output of a `MatMul`, as a dense layer's is: unlike `_dense`'s, which are
+  a variable times scalars, no product with a scalar after it can be folded
+  by Grappler into its computation.
+  """
+  rng = np.random.default_rng(3)
+  inputs = rng.standard_normal((batch, size)).astype(np.float32)
+
+  def initial_values():
+    init = np.random.default_rng(0)
+    return [(init.standard_normal((size, size)) / np.sqrt(size)).astype(
+        np.float32) for _ in range(count)]
+
+  def loss(variables):
+    return tf.add_n([tf.reduce_mean(tf.square(tf.matmul(inputs, w)))
+                     for w in variables])
+
+  return Workload('matmul', initial_values, loss)
+
+
 def _small_cnn() -> Workload:
   """Two 3x3 convolutions and a dense layer on a fixed 16x32x32x3 batch."""
   batch = 16
@@ -72,4 +95,6 @@ def _short(size: int) -> str:
 
 
 WORKLOADS = {w.name: w for w in (_dense(10, 10**6), _dense(200, 1000),
-                                 _small_cnn())}
+                                 _small_cnn(), _matmul(10, 1000, 16))}
+# The workloads of benchmarks/results.json's table.
+TABLE = ('10x1M', '200x1k', 'cnn')
