@@ -241,7 +241,7 @@ def test_keras_file_round_trips_the_optimizer_and_its_state(tmp_path):
 
 
 @pytest.mark.parametrize('form', ['mixed_precision', 'experimental'])
-def test_mixing_the_protocols_is_refused_where_it_happens(form):
+def test_mixing_the_protocols_in_one_step_is_refused_where_it_happens(form):
   var = keras.Variable(np.float32(1.0))
   if form == 'mixed_precision':
     opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
@@ -252,15 +252,26 @@ def test_mixing_the_protocols_is_refused_where_it_happens(form):
   with tf.GradientTape() as tape:
     loss = opt.scale_loss(var * 3.0)
   grads = tape.gradient(loss, [var])
-  with pytest.raises(RuntimeError, match='get_unscaled_gradients.. cannot '
-                     'be used .* scale_loss'):
+  assert float(grads[0]) == 12.0
+  with pytest.raises(RuntimeError, match=r'get_unscaled_gradients\(\) cannot '
+                     'follow a call of scale_loss in the same step'):
     opt.get_unscaled_gradients(grads)
-  with pytest.raises(RuntimeError, match='get_scaled_loss'):
+  with pytest.raises(RuntimeError, match=r'get_scaled_loss\(\) cannot follow'):
     opt.get_scaled_loss(var * 3.0)
-  # Keras 3's protocol stays: two applies both unscale (never twice).
+  # Keras 3's protocol stays for the step: two applies both unscale, once.
   opt.apply_gradients(zip(grads, [var]))
   opt.apply_gradients(zip(grads, [var]))
   assert float(var.numpy()) == 1.0 - 3.0 - 3.0
+  # The next step may follow TensorFlow's protocol, and its mix-up raises.
+  with tf.GradientTape() as tape:
+    loss = opt.get_scaled_loss(var * 2.0)
+  with pytest.raises(RuntimeError, match=r'scale_loss\(\) cannot follow a '
+                     'call of get_scaled_loss/get_unscaled_gradients'):
+    opt.scale_loss(var * 2.0)
+  unscaled = opt.get_unscaled_gradients(tape.gradient(loss, [var]))
+  assert float(unscaled[0]) == 2.0
+  opt.apply_gradients(zip(unscaled, [var]))
+  assert float(var.numpy()) == -5.0 - 2.0
 
 
 def _mirrored_trajectory(strategy, make, mode):

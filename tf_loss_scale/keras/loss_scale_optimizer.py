@@ -217,13 +217,13 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     guards.check_step(where, [self.dynamic_scale, self.step_counter])
     variables = list(trainable_variables or self._scratch.built_with)
     grads = list(grads)
+    scaled = self._scaled_flags(grads, variables)
     step.apply_step(
         grads, self._scale_state(),
         lambda unscaled: self.inner_optimizer.apply(
             unscaled, trainable_variables=trainable_variables),
-        scaled=self._scaled_flags(grads, variables),
-        names=step_record.gradient_names(variables),
-        on_skip=lambda _: self._on_skipped_step())
+        scaled=scaled, names=step_record.gradient_names(variables),
+        on_skip=lambda _: self._on_skipped_step(scaled is None))
 
   def stateless_apply(
       self, optimizer_variables: Sequence[Any], grads: Sequence[Any],
@@ -289,8 +289,14 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       new_model, new_inner = scratch.read()
     return new_model, values[:num_own] + new_inner
 
-  def _on_skipped_step(self) -> Any:
-    """Runs once, cross-replica, on a skipped step: Keras's counts nothing."""
+  def _on_skipped_step(self, given_unscaled: bool) -> Any:
+    """Runs once, cross-replica, on a skipped step: Keras's counts nothing.
+
+    Args:
+      given_unscaled: Whether the apply took unscaled gradients (TensorFlow's
+        protocol, `tf_loss_scale.keras.protocols`).
+    """
+    del given_unscaled
 
   # Every gradient given to an apply is of the scaled loss.
   _scaled_flags = staticmethod(protocols.scaled_flags)

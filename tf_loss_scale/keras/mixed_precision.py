@@ -5,6 +5,7 @@ TensorFlow 2.16 and later. A subclass of the Keras 3 form, so `compile`
 keeps it; see docs/differences.md.
 """
 
+import numbers
 from typing import Any, Dict, Optional
 
 import keras
@@ -48,8 +49,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
                dynamic: bool = True, initial_scale: Optional[float] = None,
-               dynamic_growth_steps: Optional[int] = None):
+               dynamic_growth_steps: Optional[int] = None,
+               name: Optional[str] = None):
     """Wraps `inner_optimizer`.
+
+    Keras 3's positional form, `LossScaleOptimizer(inner, initial_scale,
+    dynamic_growth_steps)`, is taken too (a number where `dynamic` stands):
+    Keras 3 names this class `keras.mixed_precision.LossScaleOptimizer`
+    where `tf_loss_scale.compat.install()` puts it.
 
     Args:
       inner_optimizer: The Keras 3 optimizer that applies the gradients.
@@ -58,6 +65,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         default when `dynamic`, required otherwise.
       dynamic_growth_steps: Finite steps in a row after which a dynamic
         scale doubles: 2000 by default; must be None when not `dynamic`.
+      name: The optimizer's name, as Keras 3's class takes it.
 
     Raises:
       TypeError: If `dynamic` is not a bool, or as
@@ -66,6 +74,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         `dynamic_growth_steps`, or as `tf_loss_scale.keras.
         LossScaleOptimizer` does.
     """
+    if _is_number(dynamic) and dynamic_growth_steps is None:
+      # Keras 3's positional arguments.
+      dynamic, initial_scale, dynamic_growth_steps = (
+          True, dynamic, initial_scale)
     if not isinstance(dynamic, bool):
       raise TypeError(
           f'dynamic must be True or False, but got {dynamic!r}. (The TF '
@@ -84,13 +96,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     super().__init__(
         inner_optimizer,
         _INITIAL_SCALE if initial_scale is None else initial_scale,
-        dynamic_growth_steps or _GROWTH_STEPS)
+        dynamic_growth_steps or _GROWTH_STEPS, name=name)
     # tf_keras's checkpoint layout, as second paths to the same variables.
     object.__setattr__(self, '_tf_keras_layout', tf.Module())
     layout = {'loss_scale': self._tf_keras_layout} if dynamic else {}
     if hasattr(self.inner_optimizer.iterations, 'assign'):  # Not computed.
       layout['_iterations'] = self.inner_optimizer.iterations
     private_api.name_dependencies(self, **layout)
+    object.__setattr__(self, '_constructed', True)
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
@@ -112,19 +125,36 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def dynamic_growth_steps(self, value: int) -> None:
     self._growth_steps = value
 
-  # The inner optimizer's count, as in TF 2.4-2.15. Keras before 3.9 sets its
-  # own, which never moves, here: it stays in `variables` alone.
-  iterations = property(lambda self: _tf(self.inner_optimizer.iterations),
-                        lambda self, keras_own_counter: None)
+  @property
+  def iterations(self) -> Any:
+    """The inner optimizer's step count, as in TF 2.4-2.15 (a tf.Variable)."""
+    return _tf(self.inner_optimizer.iterations)
+
+  @iterations.setter
+  def iterations(self, variable: Any) -> None:
+    if not getattr(self, '_constructed', False):
+      # Keras before 3.9 sets a counter of its own, which never moves, while
+      # constructing: it stays in `variables` alone.
+      return
+    raise AttributeError(
+        f'{type(self).__name__}.iterations cannot be replaced by '
+        f'{variable!r}: the Keras 3 optimizer it wraps owns its step count '
+        '(tf_keras let the global step stand in for it). Assign a value '
+        'instead (optimizer.iterations.assign(step)), and where summaries '
+        'need the step, use optimizer.iterations '
+        '(tf.summary.experimental.set_step(optimizer.iterations)).')
 
   @property
   def dynamic_counter(self) -> Optional[tf.Variable]:
     """Finite steps since the scale last changed; None if fixed or unbuilt."""
     return _tf(self.step_counter) if self._dynamic and self.built else None
 
-  def _on_skipped_step(self) -> Any:
-    # TF 2.4-2.15: `iterations` counts skipped steps too.
-    return keras3_support.count_skipped_step(self.inner_optimizer)
+  def _on_skipped_step(self, given_unscaled: bool) -> Any:
+    # TF 2.4-2.15's custom loops: `iterations` counts skipped steps too.
+    # Keras 3's protocol (`fit`) counts them as Keras's class: not at all.
+    if given_unscaled:
+      return keras3_support.count_skipped_step(self.inner_optimizer)
+    return None
 
   loss_scale = property(
       lambda self: self._current_scale(),
@@ -169,6 +199,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       inner = keras.optimizers.deserialize(inner,
                                            custom_objects=custom_objects)
     return cls(inner, **config)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _tf(value: Any) -> Any:

@@ -2,13 +2,25 @@
 
 Keras 3's (`scale_loss`, then applies take gradients of the scaled loss) and
 TensorFlow's (`get_scaled_loss`, `get_unscaled_gradients`, then applies take
-unscaled ones). The first scaling method called on an optimizer fixes its
-protocol for life; a method of the other raises where it is called. Nothing
-is consumed by a call, and the choice is made in Python at trace time, the
-same on every replica. See docs/differences.md.
+unscaled ones). One optimizer may follow both over its life (a `fit` warm-up,
+then a custom loop of TF 2.4-2.15), one protocol per step:
+
+- a step is what runs up to an apply; its scaling calls must all be of one
+  protocol, and a call of the other raises where it is called (the
+  gradients would be unscaled twice, or applied scaled);
+- an apply follows the protocol of the scaling calls made since the last
+  apply; with none, that of the last apply (two applies after one
+  `scale_loss` both unscale); with none ever, TensorFlow's: the gradients
+  are applied as given, with a warning that no scaling method was called,
+  as TF 2.4-2.15's class warned.
+
+The choice is made in Python when the step is called or traced, the same on
+every replica. See docs/differences.md.
 """
 
 from typing import Any, List, Optional, Sequence
+
+from absl import logging
 
 from tf_loss_scale import gradients
 
@@ -44,33 +56,34 @@ class TwoProtocols:
   """Keras 3's and TensorFlow's protocols on one optimizer (module rule).
 
   A subclass gives `_current_scale()` (the loss scale now, a float32
-  scalar tensor; the Keras 3 form has one) and passes `_scaled_flags(grads,
-  variables)` to `step.apply_step` as `scaled`.
+  scalar tensor; the Keras 3 form has one) and, once per apply, passes
+  `_scaled_flags(grads, variables)` to `step.apply_step` as `scaled`.
   """
 
-  _protocol = None  # Set on the instance by its first scaling call.
+  # Set on the instance: the protocol of the scaling calls since the last
+  # apply, and the one the last apply followed.
+  _this_step = None
+  _last_step = None
 
   def _follow(self, protocol: str, method: str) -> None:
-    if self._protocol is None:
-      self._protocol = protocol
-    elif self._protocol != protocol:
+    if self._this_step not in (None, protocol):
       raise RuntimeError(
-          f'{type(self).__name__}.{method}() cannot be used on an optimizer '
-          f'that already follows the {self._protocol} protocol: with '
-          'scale_loss() (as Keras 3\'s model.fit calls it) apply_gradients() '
-          'takes the gradients of the scaled loss and unscales them; with '
-          'get_scaled_loss() and get_unscaled_gradients() it takes unscaled '
-          'ones. Use one protocol per optimizer (a new LossScaleOptimizer for '
-          'the other).')
+          f'{type(self).__name__}.{method}() cannot follow a call of '
+          f'{self._this_step} in the same step: with scale_loss() (as Keras '
+          "3's model.fit calls it) the next apply takes the gradients of the "
+          'scaled loss and unscales them; with get_scaled_loss() and '
+          'get_unscaled_gradients() it takes unscaled ones. Use the methods '
+          'of one protocol between two applies.')
+    self._this_step = protocol
 
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
-    """Multiplies a loss by the scale; applies then take its gradients.
+    """Multiplies a loss by the scale; the next apply takes its gradients.
 
     Args and returns as `tf_loss_scale.keras.LossScaleOptimizer.scale_loss`.
 
     Raises:
       RuntimeError: If `get_scaled_loss` or `get_unscaled_gradients` was
-        called on this optimizer.
+        called since the last apply.
     """
     self._follow(_KERAS3, 'scale_loss')
     return gradients.scale_loss(loss, self._current_scale())
@@ -79,7 +92,7 @@ class TwoProtocols:
     """Multiplies a loss (tensor or callable) by the current loss scale.
 
     Raises:
-      RuntimeError: If `scale_loss` was called on this optimizer.
+      RuntimeError: If `scale_loss` was called since the last apply.
     """
     self._follow(_TENSORFLOW, 'get_scaled_loss')
     return gradients.scale_loss(loss, self._current_scale())
@@ -95,13 +108,33 @@ class TwoProtocols:
       A new list of the same length, each gradient in its own dtype.
 
     Raises:
-      RuntimeError: If `scale_loss` was called on this optimizer.
+      RuntimeError: If `scale_loss` was called since the last apply.
     """
     self._follow(_TENSORFLOW, 'get_unscaled_gradients')
     return list(gradients.unscale(list(grads), self._current_scale()))
 
   def _scaled_flags(self, grads: Sequence[Any],
-                    variables: Optional[Sequence[Any]]) -> Optional[List[bool]]:
-    """`step.apply_step`'s `scaled`: None unless `scale_loss` was called."""
-    flags = scaled_flags(grads, variables)
-    return flags if self._protocol == _KERAS3 else None
+                    variables: Optional[Sequence[Any]]
+                   ) -> Optional[List[bool]]:
+    """`step.apply_step`'s `scaled` for one apply, which ends the step.
+
+    Args:
+      grads: The gradients the apply was given.
+      variables: Their variables, or None to mark every gradient.
+
+    Returns:
+      The flags of `scaled_flags` when the apply takes gradients of the
+      scaled loss; None when it takes unscaled ones.
+    """
+    protocol = self._this_step or self._last_step
+    if protocol is None:
+      protocol = _TENSORFLOW
+      logging.warning(
+          '%s applies gradients, but neither get_scaled_loss() and '
+          'get_unscaled_gradients() nor scale_loss() was called before: the '
+          'gradients are applied as they are given. Scale the loss and '
+          'unscale its gradients with those methods, or the loss scale does '
+          'nothing (and gradients of a scaled loss are applied scaled).',
+          type(self).__name__)
+    self._this_step, self._last_step = None, protocol
+    return scaled_flags(grads, variables) if protocol == _KERAS3 else None
