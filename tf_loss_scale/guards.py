@@ -35,6 +35,14 @@ class Form(NamedTuple):
   accepted: str
 
 
+class WrapsAWrapperError(TypeError, ValueError):
+  """A loss scale optimizer given to be wrapped.
+
+  Both peers' types: TensorFlow's v1 and Keras 3's wrappers raise ValueError
+  there, tf_keras's TypeError, and code written for either catches it.
+  """
+
+
 def _is_v1_optimizer(optimizer: Any) -> bool:
   return isinstance(optimizer, tf.compat.v1.train.Optimizer)
 
@@ -91,14 +99,16 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
       anything else (an identifier, None) is ignored.
 
   Raises:
+    WrapsAWrapperError: If `optimizer` is a loss scale optimizer (both a
+      TypeError and a ValueError).
     TypeError: If a Keras form is given an optimizer of another family.
     ValueError: If the v1 form is given an optimizer of another family; if
-      `optimizer` is a loss scale optimizer or a live one of ours holds it;
+      a live optimizer of ours holds `optimizer`;
       under a strategy the library refuses; or for state created outside
       the current strategy's scope.
   """
   if isinstance(optimizer, _loss_scale_optimizer_types()):
-    raise ValueError(
+    raise WrapsAWrapperError(
         'LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: '
         f'{optimizer}. It is already a loss scale optimizer: use it as it is, '
         f'or pass {form.name} a new optimizer.')

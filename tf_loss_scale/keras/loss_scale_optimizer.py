@@ -118,7 +118,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM, self)
     keras3_support.check_replicas_are_summed(f'{type(self).__name__}()')
     loss_scale_lib.check_scale_arguments(
-        initial_scale, dynamic_growth_steps, floor=1.0)
+        initial_scale, dynamic_growth_steps, floor=self._scale_floor())
     # Base optimizer arguments: refused on every Keras release.
     kwargs = _without_base_optimizer_defaults(type(self).__name__, kwargs)
     super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps,
@@ -133,6 +133,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     # checkpoints see what they hold.
     self._monitor = step_record.StepRecord()
     self._scratch = _Scratch()
+
+  def _scale_floor(self) -> Optional[float]:
+    """The lowest `initial_scale` taken: 1, where the scale never goes."""
+    return 1.0
 
   def build(self, var_list: Sequence[Any]) -> None:
     """Creates the variables, exactly as Keras's class does, for `var_list`."""

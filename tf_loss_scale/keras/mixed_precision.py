@@ -25,10 +25,29 @@ _GROWTH_STEPS = 2000
 _KERAS2_ONLY_SETTINGS = ('jit_compile', 'is_legacy_optimizer')
 
 
+class _TakesKerasClassInstances(type(keras.optimizers.LossScaleOptimizer)):
+  """`isinstance(x, LossScaleOptimizer)` holds for Keras's class too.
+
+  Under Keras 3, `tf.keras.mixed_precision.LossScaleOptimizer` was Keras's
+  class until `tf_loss_scale.compat.install()` put this one there; a TF
+  2.4-2.15 `train_step` that branches on that `isinstance` must still take
+  its loss scale branch for an optimizer of Keras's class, and fail loudly
+  there (no `get_scaled_loss`) as without `install()`, not train silently
+  on gradients Keras's class divides by the scale.
+  """
+
+  def __instancecheck__(cls, instance: Any) -> bool:
+    if cls is LossScaleOptimizer and isinstance(
+        instance, keras.optimizers.LossScaleOptimizer):
+      return True
+    return super().__instancecheck__(instance)
+
+
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.mixed_precision', name='LossScaleOptimizer')
 class LossScaleOptimizer(protocols.TwoProtocols,
-                         loss_scale_optimizer.LossScaleOptimizer):
+                         loss_scale_optimizer.LossScaleOptimizer,
+                         metaclass=_TakesKerasClassInstances):
   """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
 
   Custom loop, as written for TF 2.4-2.15:
@@ -80,23 +99,27 @@ class LossScaleOptimizer(protocols.TwoProtocols,
           True, dynamic, initial_scale)
     if not isinstance(dynamic, bool):
       raise TypeError(
-          f'dynamic must be True or False, but got {dynamic!r}. (The TF '
-          '2.0-2.3 form took a loss scale as its second argument: use '
-          'tf_loss_scale.keras.experimental.LossScaleOptimizer for that.)')
+          '"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, '
+          f'but got: {dynamic!r}. (The TF 2.0-2.3 form took a loss scale as '
+          'its second argument: use tf_loss_scale.keras.experimental.'
+          'LossScaleOptimizer for that.)')
     if not dynamic and initial_scale is None:
-      raise ValueError('initial_scale must be given when dynamic=False: it '
-                       'is the fixed loss scale.')
+      raise ValueError('"initial_scale" must be specified if "dynamic" is '
+                       'False: it is the fixed loss scale.')
     if not dynamic and dynamic_growth_steps is not None:
       raise ValueError(
-          'dynamic_growth_steps must be None when dynamic=False (a fixed '
-          f'scale never grows), but got {dynamic_growth_steps!r}.')
+          '"dynamic_growth_steps" must be None if "dynamic" is False, but '
+          f'got: {dynamic_growth_steps!r} (a fixed scale never grows).')
+    if tf.is_tensor(initial_scale) or _is_number(initial_scale):
+      initial_scale = float(initial_scale)  # As tf_keras's class keeps it.
     # Set past Keras's attribute tracking, before Keras's `__init__` sets
     # `dynamic_growth_steps`.
     object.__setattr__(self, '_dynamic', dynamic)
     super().__init__(
         inner_optimizer,
         _INITIAL_SCALE if initial_scale is None else initial_scale,
-        dynamic_growth_steps or _GROWTH_STEPS, name=name)
+        (_GROWTH_STEPS if dynamic_growth_steps is None else
+         dynamic_growth_steps), name=name)
     # tf_keras's checkpoint layout, as second paths to the same variables.
     object.__setattr__(self, '_tf_keras_layout', tf.Module())
     layout = {'loss_scale': self._tf_keras_layout} if dynamic else {}
@@ -112,6 +135,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       # Assigning tracks them, and restores what a checkpoint holds for them.
       self._tf_keras_layout.current_loss_scale = self.dynamic_scale
       self._tf_keras_layout.good_steps = self.step_counter
+
+  def _scale_floor(self) -> Optional[float]:
+    # A fixed scale may be below 1, as TF 2.4-2.15's; a dynamic one not.
+    return super()._scale_floor() if self._dynamic else None
 
   dynamic = property(lambda self: self._dynamic,
                      doc='Whether the loss scale is dynamic.')

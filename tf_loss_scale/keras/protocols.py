@@ -10,9 +10,11 @@ then a custom loop of TF 2.4-2.15), one protocol per step:
   gradients would be unscaled twice, or applied scaled);
 - an apply follows the protocol of the scaling calls made since the last
   apply; with none, that of the last apply (two applies after one
-  `scale_loss` both unscale); with none ever, TensorFlow's: the gradients
-  are applied as given, with a warning that no scaling method was called,
-  as TF 2.4-2.15's class warned.
+  `scale_loss` both unscale); with none ever, TensorFlow's;
+- an apply that follows TensorFlow's protocol without `get_scaled_loss` and
+  `get_unscaled_gradients` both called in its step (or ever) applies the
+  gradients as given and warns, naming the method forgotten, as TF
+  2.4-2.15's class warned.
 
 The choice is made in Python when the step is called or traced, the same on
 every replica. See docs/differences.md.
@@ -61,8 +63,9 @@ class TwoProtocols:
   """
 
   # Set on the instance: the protocol of the scaling calls since the last
-  # apply, and the one the last apply followed.
+  # apply and those calls' methods, and the protocol the last apply followed.
   _this_step = None
+  _this_step_calls = frozenset()
   _last_step = None
 
   def _follow(self, protocol: str, method: str) -> None:
@@ -75,6 +78,7 @@ class TwoProtocols:
           'get_unscaled_gradients() it takes unscaled ones. Use the methods '
           'of one protocol between two applies.')
     self._this_step = protocol
+    self._this_step_calls |= {method}
 
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
     """Multiplies a loss by the scale; the next apply takes its gradients.
@@ -126,15 +130,23 @@ class TwoProtocols:
       The flags of `scaled_flags` when the apply takes gradients of the
       scaled loss; None when it takes unscaled ones.
     """
-    protocol = self._this_step or self._last_step
-    if protocol is None:
-      protocol = _TENSORFLOW
-      logging.warning(
-          '%s applies gradients, but neither get_scaled_loss() and '
-          'get_unscaled_gradients() nor scale_loss() was called before: the '
-          'gradients are applied as they are given. Scale the loss and '
-          'unscale its gradients with those methods, or the loss scale does '
-          'nothing (and gradients of a scaled loss are applied scaled).',
-          type(self).__name__)
-    self._this_step, self._last_step = None, protocol
+    protocol = self._this_step or self._last_step or _TENSORFLOW
+    if self._this_step or not self._last_step:
+      forgotten = [m for m in ('get_scaled_loss', 'get_unscaled_gradients')
+                   if m not in self._this_step_calls]
+      if protocol == _TENSORFLOW and forgotten:
+        _warn_forgotten(type(self).__name__, forgotten)
+    self._this_step, self._this_step_calls = None, frozenset()
+    self._last_step = protocol
     return scaled_flags(grads, variables) if protocol == _KERAS3 else None
+
+
+def _warn_forgotten(class_name: str, methods: Sequence[str]) -> None:
+  # tf_keras's words first, for those who search for them.
+  logging.warning(
+      'You forgot to call %s before calling %s.apply_gradients(): the '
+      'gradients are applied as they are given. With TF 2.4-2.15\'s '
+      'protocol, scale the loss with get_scaled_loss() and unscale its '
+      'gradients with get_unscaled_gradients(); with Keras 3\'s, call '
+      'scale_loss() and apply the gradients of the scaled loss.',
+      ' and '.join(f'{class_name}.{m}()' for m in methods), class_name)
