@@ -188,30 +188,109 @@ def test_arguments_defaults_and_properties_are_tf_24s():
 
 
 def _fit(make_optimizer, steps=4):
+  """Five-ish float32 steps whose gradients stay finite at every scale."""
   keras.utils.set_random_seed(1)
   model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   opt = make_optimizer(keras.optimizers.SGD(0.01))
   model.compile(opt, 'mse')
   x = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
-  y = np.array([[1e4, 0.0]] * 4, np.float32)  # Gradients overflow scaled.
+  y = np.array([[1e4, 0.0]] * 4, np.float32)  # Large, finite in float32.
   model.fit(x, y, batch_size=4, epochs=steps, verbose=0)
   return model, opt
 
 
-def test_fit_takes_scaled_gradients_as_keras_does():
-  expected, keras_opt = _fit(keras.optimizers.LossScaleOptimizer)
-  for make in (mixed_precision.LossScaleOptimizer,
-               lambda inner: tf_loss_scale.keras.experimental
-               .LossScaleOptimizer(inner, 'dynamic')):
-    model, opt = _fit(make)
+def _scale_of(opt):
+  """The current scale of any of the three forms, as a Python float."""
+  scale = getattr(opt, 'loss_scale', None)  # None on Keras's own class.
+  scale = opt.dynamic_scale if scale is None else scale
+  return float(np.asarray(scale() if callable(scale) else scale))
+
+
+def _fit_float16(make_optimizer, run_eagerly):
+  """`fit` of a float16-compute model whose scaled gradients overflow.
+
+  Two `mixed_float16` Dense layers (float32 variables, float16 compute)
+  and a float32 output; mean squared error against targets 20 and -5 away
+  from the outputs. The gradient reaching the float16 output is about
+  `error / 4 * scale`, over float16's 65504 at 2**15 and at 4096 while the
+  errors are large: those steps overflow and are skipped.
+
+  Returns:
+    The model, the optimizer, and after each of the ten steps (5 epochs of
+    2 batches) the weights, the scale and `iterations`.
+  """
+  keras.utils.set_random_seed(1)
+  model = keras.Sequential([
+      keras.Input((3,)),
+      keras.layers.Dense(4, dtype='mixed_float16'),
+      keras.layers.Dense(2, dtype='mixed_float16'),
+      keras.layers.Activation('linear', dtype='float32')])
+  opt = make_optimizer(keras.optimizers.SGD(0.01))
+  model.compile(opt, 'mse', run_eagerly=run_eagerly, jit_compile=False)
+  assert model.layers[0].compute_dtype == 'float16'
+  trajectory = []
+
+  class Record(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      trajectory.append((model.get_weights(), _scale_of(opt),
+                         int(np.asarray(opt.iterations))))
+
+  x = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(8, 3)
+  y = np.array([[20.0, -5.0]] * 8, np.float32)
+  model.fit(x, y, batch_size=4, epochs=5, shuffle=False, verbose=0,
+            callbacks=[Record()])
+  return model, opt, trajectory
+
+
+# After each step of `_fit_float16` (growth after 2 finite steps): four
+# overflows from 2**15 down to 2048, two applied steps that double it, an
+# overflow, two applied, an overflow.
+_FIT_FLOAT16_SCALES = [16384.0, 8192.0, 4096.0, 2048.0, 2048.0, 4096.0,
+                       2048.0, 2048.0, 4096.0, 2048.0]
+_FIT_FLOAT16_SKIPPED = [True, True, True, True, False, False, True, False,
+                        False, True]
+
+
+@pytest.mark.parametrize('run_eagerly', [True, False],
+                         ids=['eager', 'function'])
+def test_fit_takes_scaled_gradients_as_keras_does(run_eagerly):
+  # Keras 3's fit calls scale_loss and hands apply the scaled gradients;
+  # float16's overflow of those gradients is what skips a step.
+  expected, keras_opt, keras_trajectory = _fit_float16(
+      lambda inner: keras.optimizers.LossScaleOptimizer(
+          inner, initial_scale=2.0**15, dynamic_growth_steps=2),
+      run_eagerly)
+  assert [s for _, s, _ in keras_trajectory] == _FIT_FLOAT16_SCALES
+  # A skipped step changes no weight; an applied one changes every one.
+  start = None
+  for (weights, _, _), skipped in zip(keras_trajectory,
+                                      _FIT_FLOAT16_SKIPPED):
+    if start is not None:
+      changed = [not np.array_equal(a, b) for a, b in zip(weights, start)]
+      assert changed == [not skipped] * len(weights)
+    start = weights
+  # Keras's own class counts applied steps only.
+  applied = np.cumsum([not s for s in _FIT_FLOAT16_SKIPPED]).tolist()
+  assert [i for _, _, i in keras_trajectory] == applied
+  assert int(keras_opt.inner_optimizer.iterations.numpy()) == 4
+  for make in (
+      lambda inner: mixed_precision.LossScaleOptimizer(
+          inner, initial_scale=2.0**15, dynamic_growth_steps=2),
+      lambda inner: tf_loss_scale.keras.experimental.LossScaleOptimizer(
+          inner, tf_loss_scale.DynamicLossScale(initial_loss_scale=2.0**15,
+                                                increment_period=2))):
+    model, opt, trajectory = _fit_float16(make, run_eagerly)
     assert model.optimizer is opt  # compile kept it.
+    for (ours, our_scale, _), (theirs, their_scale, _) in zip(
+        trajectory, keras_trajectory):
+      assert our_scale == their_scale
+      for our_weight, their_weight in zip(ours, theirs):
+        np.testing.assert_array_equal(our_weight, their_weight)
+    # TF 2.3's and TF 2.4-2.15's forms count skipped steps too.
+    assert [i for _, _, i in trajectory] == list(range(1, 11))
     for ours, theirs in zip(model.get_weights(), expected.get_weights()):
       np.testing.assert_array_equal(ours, theirs)
-    scale = (opt.loss_scale() if callable(opt.loss_scale) else
-             opt.loss_scale)
-    assert float(scale) == float(keras_opt.dynamic_scale.numpy())
-  # Some steps were applied (Keras's own counter moves from 3.9 on only).
-  assert int(keras_opt.inner_optimizer.iterations.numpy()) == 4
 
 
 def test_keras_file_round_trips_the_optimizer_and_its_state(tmp_path):
