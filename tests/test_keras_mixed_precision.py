@@ -191,30 +191,114 @@ def test_arguments_defaults_and_properties_are_tf_24s():
 
 
 def _fit(make_optimizer, steps=4):
+  """Five-ish float32 steps whose gradients stay finite at every scale."""
   keras.utils.set_random_seed(1)
   model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   opt = make_optimizer(keras.optimizers.SGD(0.01))
   model.compile(opt, 'mse')
   x = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
-  y = np.array([[1e4, 0.0]] * 4, np.float32)  # Gradients overflow scaled.
+  y = np.array([[1e4, 0.0]] * 4, np.float32)  # Large, finite in float32.
   model.fit(x, y, batch_size=4, epochs=steps, verbose=0)
   return model, opt
 
 
-def test_fit_takes_scaled_gradients_as_keras_does():
-  expected, keras_opt = _fit(keras.optimizers.LossScaleOptimizer)
-  for make in (mixed_precision.LossScaleOptimizer,
-               lambda inner: tf_loss_scale.keras.experimental
-               .LossScaleOptimizer(inner, 'dynamic')):
-    model, opt = _fit(make)
+def _scale_of(opt):
+  """The current scale of any of the three forms, as a Python float."""
+  scale = getattr(opt, 'loss_scale', None)  # None on Keras's own class.
+  scale = opt.dynamic_scale if scale is None else scale
+  return float(np.asarray(scale() if callable(scale) else scale))
+
+
+def _fit_float16(make_optimizer, run_eagerly):
+  """`fit` of a float16-compute model whose scaled gradients overflow.
+
+  Two `mixed_float16` Dense layers (float32 variables, float16 compute)
+  and a float32 output; mean squared error against targets 20 and -5 away
+  from the outputs. The gradient reaching the float16 output is about
+  `error / 4 * scale`, over float16's 65504 at 2**15 and at 4096 while the
+  errors are large: those steps overflow and are skipped.
+
+  Returns:
+    The model, the optimizer, and after each of the ten steps (5 epochs of
+    2 batches) the weights, the scale, and the `iterations` of the wrapper
+    and of the inner optimizer.
+  """
+  keras.utils.set_random_seed(1)
+  model = keras.Sequential([
+      keras.Input((3,)),
+      keras.layers.Dense(4, dtype='mixed_float16'),
+      keras.layers.Dense(2, dtype='mixed_float16'),
+      keras.layers.Activation('linear', dtype='float32')])
+  opt = make_optimizer(keras.optimizers.SGD(0.01))
+  model.compile(opt, 'mse', run_eagerly=run_eagerly, jit_compile=False)
+  assert model.layers[0].compute_dtype == 'float16'
+  trajectory = []
+
+  class Record(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      trajectory.append((model.get_weights(), _scale_of(opt),
+                         int(np.asarray(opt.iterations)),
+                         int(opt.inner_optimizer.iterations.numpy())))
+
+  x = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(8, 3)
+  y = np.array([[20.0, -5.0]] * 8, np.float32)
+  model.fit(x, y, batch_size=4, epochs=5, shuffle=False, verbose=0,
+            callbacks=[Record()])
+  return model, opt, trajectory
+
+
+# After each step of `_fit_float16` (growth after 2 finite steps): four
+# overflows from 2**15 down to 2048, two applied steps that double it, an
+# overflow, two applied, an overflow.
+_FIT_FLOAT16_SCALES = [16384.0, 8192.0, 4096.0, 2048.0, 2048.0, 4096.0,
+                       2048.0, 2048.0, 4096.0, 2048.0]
+_FIT_FLOAT16_SKIPPED = [True, True, True, True, False, False, True, False,
+                        False, True]
+
+
+@pytest.mark.parametrize('run_eagerly', [True, False],
+                         ids=['eager', 'function'])
+def test_fit_takes_scaled_gradients_as_keras_does(run_eagerly):
+  # Keras 3's fit calls scale_loss and hands apply the scaled gradients;
+  # float16's overflow of those gradients is what skips a step.
+  expected, keras_opt, keras_trajectory = _fit_float16(
+      lambda inner: keras.optimizers.LossScaleOptimizer(
+          inner, initial_scale=2.0**15, dynamic_growth_steps=2),
+      run_eagerly)
+  assert [s for _, s, _, _ in keras_trajectory] == _FIT_FLOAT16_SCALES
+  # A skipped step changes no weight; an applied one changes every one.
+  start = None
+  for (weights, _, _, _), skipped in zip(keras_trajectory,
+                                         _FIT_FLOAT16_SKIPPED):
+    if start is not None:
+      changed = [not np.array_equal(a, b) for a, b in zip(weights, start)]
+      assert changed == [not skipped] * len(weights)
+    start = weights
+  # Keras's own class counts applied steps only, in its inner optimizer
+  # (its own counter moves from Keras 3.9 on only).
+  applied = np.cumsum([not s for s in _FIT_FLOAT16_SKIPPED]).tolist()
+  assert [i for _, _, _, i in keras_trajectory] == applied
+  assert int(keras_opt.inner_optimizer.iterations.numpy()) == 4
+  for make in (
+      lambda inner: mixed_precision.LossScaleOptimizer(
+          inner, initial_scale=2.0**15, dynamic_growth_steps=2),
+      lambda inner: tf_loss_scale.keras.experimental.LossScaleOptimizer(
+          inner, tf_loss_scale.DynamicLossScale(initial_loss_scale=2.0**15,
+                                                increment_period=2))):
+    model, opt, trajectory = _fit_float16(make, run_eagerly)
     assert model.optimizer is opt  # compile kept it.
+    for (ours, our_scale, _, _), (theirs, their_scale, _, _) in zip(
+        trajectory, keras_trajectory):
+      assert our_scale == their_scale
+      for our_weight, their_weight in zip(ours, theirs):
+        np.testing.assert_array_equal(our_weight, their_weight)
+    # TF 2.3's and TF 2.4-2.15's forms count skipped steps too, in the
+    # inner optimizer's counter.
+    assert [i for _, _, i, _ in trajectory] == list(range(1, 11))
+    assert [i for _, _, _, i in trajectory] == list(range(1, 11))
     for ours, theirs in zip(model.get_weights(), expected.get_weights()):
       np.testing.assert_array_equal(ours, theirs)
-    scale = (opt.loss_scale() if callable(opt.loss_scale) else
-             opt.loss_scale)
-    assert float(scale) == float(keras_opt.dynamic_scale.numpy())
-  # Some steps were applied (Keras's own counter moves from 3.9 on only).
-  assert int(keras_opt.inner_optimizer.iterations.numpy()) == 4
 
 
 def test_keras_file_round_trips_the_optimizer_and_its_state(tmp_path):
@@ -391,51 +475,180 @@ def test_config_round_trips_and_tf_keras_configs_load(options):
       keras.optimizers.serialize(opt)).get_config() == opt.get_config()
 
 
-_TF_KERAS_CHECKPOINT = '''
+# The problems of the checkpoint tests, run here on Keras 3 and in a child
+# on tf_keras: `make(k, kind, wrap)` gives the optimizer `wrap` makes around
+# the kind's inner optimizer of Keras module `k`, the variables (one, or two
+# Dense layers' four), and TF 2.4-2.15's custom loop step on them.
+_CHECKPOINT_PROBLEM = """
+import numpy as np
+import tensorflow as tf
+
+INNER = {'sgd': lambda k: k.optimizers.SGD(0.5),
+         'momentum': lambda k: k.optimizers.SGD(0.05, momentum=0.9),
+         'adam': lambda k: k.optimizers.Adam(0.05)}
+X = tf.constant([[1.0, 2.0], [-1.0, 0.5], [0.25, -2.0], [1.5, 1.0]])
+Y = tf.constant([[1.0], [-1.0], [2.0], [0.5]])
+WEIGHTS = [np.array([[0.5, -0.25, 1.0], [0.75, 0.5, -1.0]], np.float32),
+           np.array([0.1, -0.2, 0.3], np.float32),
+           np.array([[1.0], [-0.5], [0.25]], np.float32),
+           np.array([0.5], np.float32)]
+
+
+def make(k, kind, wrap):
+  opt = wrap(INNER[kind](k))
+  if kind == 'sgd':  # One variable, the loss var * factor.
+    var = (k.Variable if hasattr(k, 'Variable') else tf.Variable)(
+        np.array([1.0], np.float32))
+    variables, loss_of = [var], lambda f: tf.reduce_sum(var * f)
+  else:
+    model = k.Sequential([k.Input((2,)), k.layers.Dense(3),
+                          k.layers.Dense(1)])
+    model.set_weights(WEIGHTS)
+    variables = model.trainable_variables
+    loss_of = lambda f: tf.reduce_mean(tf.square(model(X) - Y * f))
+
+  def step(factor):
+    with tf.GradientTape() as tape:
+      loss = opt.get_scaled_loss(loss_of(tf.constant(factor)))
+    grads = opt.get_unscaled_gradients(tape.gradient(loss, variables))
+    opt.apply_gradients(zip(grads, variables))
+
+  return opt, variables, step
+
+
+def state(opt, variables):
+  return {'state': [float(opt.loss_scale), int(opt.dynamic_counter.numpy()),
+                    int(opt.iterations.numpy())],
+          'weights': [np.asarray(v.numpy()).tolist() for v in variables]}
+"""
+_CHECKPOINT_WRAP = dict(initial_scale=64, dynamic_growth_steps=3)
+
+# tf_keras's side: 'write' trains two steps (the first skipped: scale 32,
+# counter 1) and writes; 'read' reads and checks what tf_keras's own reads
+# guarantee. Both then report the state and take one more step.
+_TF_KERAS_CHECKPOINT = _CHECKPOINT_PROBLEM + """
 import sys, json
-import numpy as np, tensorflow as tf, tf_keras
-path, mode = sys.argv[1], sys.argv[2]
-opt = tf_keras.mixed_precision.LossScaleOptimizer(
-    tf_keras.optimizers.SGD(0.5), initial_scale=64, dynamic_growth_steps=3)
-var = tf.Variable([1.0])
-opt.build([var])
-checkpoint = tf.train.Checkpoint(optimizer=opt)
+import tf_keras
+path, mode, kind = sys.argv[1:4]
+opt, variables, step = make(tf_keras, kind, lambda inner: (
+    tf_keras.mixed_precision.LossScaleOptimizer(
+        inner, initial_scale=64, dynamic_growth_steps=3)))
+opt.build(variables)
+checkpoint = tf.train.Checkpoint(optimizer=opt, variables=variables)
+unbound = None
 if mode == 'write':
-  for g in (float('inf'), 1.0):  # Scale 32, counter 1.
-    opt.apply_gradients([(tf.constant([g]), var)])
+  for factor in (float('inf'), 1.0):
+    step(factor)
   checkpoint.write(path)
 else:
-  checkpoint.read(path).expect_partial()
-print(json.dumps([float(opt.loss_scale), int(opt.dynamic_counter.numpy()),
-                  int(opt.iterations.numpy())]))
-'''
+  status = checkpoint.read(path)
+  if kind == 'sgd':
+    # tf_keras's SGD keeps momentum buffers even at momentum 0; Keras 3's
+    # has none, so a file of Keras 3's SGD cannot bind them.
+    status.expect_partial()
+  else:
+    try:
+      status.assert_existing_objects_matched()
+    except AssertionError as e:
+      unbound = str(e)[:3000]
+result = dict(state(opt, variables), unbound=unbound)
+step(1.0)
+result['next_weights'] = state(opt, variables)['weights']
+print(json.dumps(result))
+"""
+_problem = {}
+exec(_CHECKPOINT_PROBLEM, _problem)  # pylint: disable=exec-used
 
 
-def test_checkpoints_move_between_tf_keras_and_this_class(tmp_path):
+class _Unbound(AssertionError):
+  """A restore left a variable without the checkpoint's value."""
+
+
+def _assert_all_bound(status, what, kind):
+  """What tf_keras's reads of its own files guarantee, for this kind.
+
+  Every variable is bound to the file's value; with momentum or Adam every
+  value of tf_keras's file is used too (`assert_consumed`). tf_keras's SGD
+  keeps momentum buffers even at momentum 0, which Keras 3's SGD has not.
+  """
+  try:
+    if kind == 'sgd':
+      status.assert_existing_objects_matched()
+    else:
+      status.assert_consumed()
+  except AssertionError as e:
+    raise _Unbound(f'{what}: {e}') from None
+
+
+def _assert_same_weights(ours, theirs, kind):
+  for our_weight, their_weight in zip(ours, theirs):
+    if kind == 'adam':  # Keras 3's and tf_keras's Adam round differently.
+      np.testing.assert_allclose(our_weight, their_weight, rtol=1e-6,
+                                 atol=1e-7)
+    else:
+      np.testing.assert_array_equal(our_weight, their_weight)
+
+
+_SLOT_LAYOUT = pytest.mark.xfail(
+    strict=True,
+    reason='checkpoint layout of slot variables does not match tf_keras yet')
+
+
+@pytest.mark.parametrize('kind', [
+    pytest.param('sgd', marks=pytest.mark.xfail(
+        strict=True, raises=_Unbound,
+        reason='reading a tf_keras checkpoint binds neither the inner '
+        "optimizer's learning rate (sgd/learning_rate: a rate tf_keras "
+        'changed before writing stays at the constructor\'s value here) nor '
+        "the Keras 3 wrapper's own iteration counter, so "
+        'assert_existing_objects_matched fails; every value checked before '
+        'it is restored')),
+    pytest.param('momentum', marks=_SLOT_LAYOUT),
+    pytest.param('adam', marks=_SLOT_LAYOUT)])
+def test_checkpoints_move_between_tf_keras_and_this_class(tmp_path, kind):
+  # One variable with SGD, or two Dense layers with SGD(momentum=0.9) or
+  # Adam, whose slots must move too: the next step from a restored state is
+  # the writer's next step.
   theirs = str(tmp_path / 'theirs')
-  assert fresh_process.run_json(['-c', _TF_KERAS_CHECKPOINT, theirs, 'write'],
-                                legacy_keras=True) == [32.0, 1, 2]
+  written = fresh_process.run_json(
+      ['-c', _TF_KERAS_CHECKPOINT, theirs, 'write', kind], legacy_keras=True)
+  assert written['state'] == [32.0, 1, 2]
+  statuses = []
   for build_first in (True, False):
-    opt = mixed_precision.LossScaleOptimizer(
-        keras.optimizers.SGD(0.5), initial_scale=64, dynamic_growth_steps=3)
-    var = keras.Variable(np.array([1.0], np.float32))
+    opt, variables, step = _problem['make'](
+        keras, kind, lambda inner: mixed_precision.LossScaleOptimizer(
+            inner, **_CHECKPOINT_WRAP))
     if build_first:
-      opt.build([var])
-    tf.train.Checkpoint(optimizer=opt).read(theirs)
+      opt.build(variables)
+    status = tf.train.Checkpoint(optimizer=opt, variables=variables).read(
+        theirs)
     if not build_first:
-      opt.build([var])  # Restores what the checkpoint holds for it.
-    assert float(opt.loss_scale) == 32.0
-    assert int(opt.dynamic_counter.numpy()) == 1
+      opt.build(variables)  # Restores what the checkpoint holds for it.
+    statuses.append((status, f'build_first={build_first}'))
+    restored = _problem['state'](opt, variables)
     # The skipped step counted, as tf_keras counts it.
-    assert int(opt.iterations.numpy()) == 2
-  # One more finite step: the counter reaches 3 only after two more.
-  opt.apply_gradients([(tf.constant([1.0]), var)])
-  assert (float(opt.loss_scale), int(opt.dynamic_counter.numpy()),
-          int(opt.iterations.numpy())) == (32.0, 2, 3)
+    assert restored['state'] == [32.0, 1, 2]
+    _assert_same_weights(restored['weights'], written['weights'], kind)
+    step(1.0)
+    # The counter reaches 3 only after two more finite steps.
+    after = _problem['state'](opt, variables)
+    assert after['state'] == [32.0, 2, 3]
+    _assert_same_weights(after['weights'], written['next_weights'], kind)
   ours = str(tmp_path / 'ours')
-  tf.train.Checkpoint(optimizer=opt).write(ours)
-  assert fresh_process.run_json(['-c', _TF_KERAS_CHECKPOINT, ours, 'read'],
-                                legacy_keras=True) == [32.0, 2, 3]
+  tf.train.Checkpoint(optimizer=opt, variables=variables).write(ours)
+  step(1.0)
+  ours_next = _problem['state'](opt, variables)
+  read = fresh_process.run_json(
+      ['-c', _TF_KERAS_CHECKPOINT, ours, 'read', kind], legacy_keras=True)
+  assert read['state'] == [32.0, 2, 3]
+  _assert_same_weights(read['weights'], after['weights'], kind)
+  _assert_same_weights(read['next_weights'], ours_next['weights'], kind)
+  assert ours_next['state'] == [64.0, 0, 4]
+  # Last, so that a regression in the values above fails as itself.
+  if read['unbound']:
+    raise _Unbound(f"tf_keras's read of this class's file: {read['unbound']}")
+  for status, what in statuses:
+    _assert_all_bound(status, what, kind)
 
 
 _INSTALL = '''

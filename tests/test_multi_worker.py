@@ -8,10 +8,14 @@ TF 2.4-2.15's form in its custom loop (built in the first step), and the
 Keras 3 form in a custom loop; the Keras 3 form in `model.fit` on
 one worker with two replicas (Keras 3's `model.fit` itself fails under
 MultiWorkerMirroredStrategy: keras-team/keras#20585). In step 2 one
-replica's input overflows. Also: the refusal of ParameterServerStrategy.
+replica's input overflows. The forms share one step, so TF 2.4-2.15's form
+is also compared with references that do not use it: the same training on
+one machine over the global batch, computed by hand in NumPy and by Keras's
+own class. Also: the refusal of ParameterServerStrategy.
 """
 
 import concurrent.futures
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,6 +28,8 @@ from benchmarks import local_cluster
 
 _WORKER = os.path.join(os.path.dirname(__file__), 'workers',
                        'multi_worker_training.py')
+_TOY = os.path.join(os.path.dirname(__file__), 'workers', 'toy_training.py')
+_ROWS = 2  # per replica per step, as in the worker script
 _PARAMETER_SERVER = os.path.join(os.path.dirname(__file__), 'workers',
                                  'parameter_server_refusal.py')
 _FRONT_ENDS = ('v1', 'experimental', 'mixed_precision', 'keras')
@@ -149,6 +155,104 @@ def test_tf_24s_form_trains_as_the_other_keras_forms(runs, layout, other):
       assert (ours['final'][name][0]['value'] ==
               theirs['final'][name][0]['value']), (
                   f'{name} on worker {index} of {layout}')
+
+
+def _toy():
+  """tests/workers/toy_training.py: the workers' model and data."""
+  spec = importlib.util.spec_from_file_location('toy_training', _TOY)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _global_batches(toy, layout):
+  """Each step's rows of every replica of `layout`, as one batch."""
+  workers, local_replicas, overflow_replica, _ = _LAYOUTS[layout]
+  replicas = workers * local_replicas
+  x, y = toy.data(_STEPS, replicas, _ROWS, [_OVERFLOW_STEP, overflow_replica])
+  return [(x[step].reshape(-1, 3), y[step].reshape(-1, 2))
+          for step in range(_STEPS)]
+
+
+def _by_hand(toy, layout):
+  """The run on one machine, in NumPy float32: [(weights, scale, good)].
+
+  Mean squared error over the global batch; its scaled gradient is checked
+  for overflow; momentum SGD as Keras writes it (m = momentum * m - lr * g,
+  w += m) on finite steps; the scale doubles after 2 finite steps in a row
+  and halves on a skipped one.
+  """
+  kernel = np.array(toy.KERNEL, np.float32)
+  bias = np.array(toy.BIAS, np.float32)
+  kernel_m, bias_m = np.zeros_like(kernel), np.zeros_like(bias)
+  scale, good, trajectory = np.float32(16.0), 0, []
+  for x, y in _global_batches(toy, layout):
+    with np.errstate(all='ignore'):
+      error = x @ kernel + bias - y
+      factor = np.float32(2.0) * scale / np.float32(error.size)
+      scaled = [factor * (x.T @ error), factor * error.sum(axis=0)]
+    if all(np.isfinite(g).all() for g in scaled):
+      kernel_g, bias_g = (g / scale for g in scaled)
+      kernel_m = np.float32(toy.MOMENTUM) * kernel_m - np.float32(
+          toy.LEARNING_RATE) * kernel_g
+      bias_m = np.float32(toy.MOMENTUM) * bias_m - np.float32(
+          toy.LEARNING_RATE) * bias_g
+      kernel, bias = kernel + kernel_m, bias + bias_m
+      good += 1
+      if good == 2:
+        scale, good = scale * 2, 0
+    else:
+      scale, good = scale / 2, 0
+    trajectory.append((np.concatenate([kernel.ravel(), bias]), float(scale),
+                       good))
+  return trajectory
+
+
+def _keras_on_one_machine(toy, layout):
+  """Keras's own LossScaleOptimizer on the global batches, no strategy."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  kernel, bias = keras.Variable(toy.KERNEL), keras.Variable(toy.BIAS)
+  optimizer = keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.SGD(toy.LEARNING_RATE, momentum=toy.MOMENTUM),
+      initial_scale=16.0, dynamic_growth_steps=2)
+  optimizer.build([kernel, bias])
+  trajectory = []
+  for x, y in _global_batches(toy, layout):
+    with tf.GradientTape() as tape:
+      loss = toy.squared_error(kernel, bias, tf.constant(x), tf.constant(y),
+                               float(y.size))
+      scaled_loss = optimizer.scale_loss(loss)
+    optimizer.apply(tape.gradient(scaled_loss, [kernel, bias]),
+                    [kernel, bias])
+    trajectory.append((
+        np.concatenate([np.ravel(kernel.numpy()), bias.numpy()]),
+        float(optimizer.dynamic_scale.numpy()),
+        int(optimizer.step_counter.numpy())))
+  return trajectory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('layout', list(_LAYOUTS))
+def test_tf_24s_form_trains_as_one_machine_on_the_global_batch(runs, layout):
+  # Independent of the library's step: weights computed by hand, and by
+  # Keras's own class without a strategy, on each step's rows of every
+  # replica together. Sums in another order: equal to float32 rounding.
+  toy = _toy()
+  references = {'by hand': _by_hand(toy, layout),
+                "Keras's class": _keras_on_one_machine(toy, layout)}
+  assert [s for _, s, _ in references['by hand']] == _SCALES
+  for index, worker in enumerate(runs[layout]):
+    steps = worker['mixed_precision']['steps']
+    for who, reference in references.items():
+      assert [(s['scale'], s['good_steps']) for s in steps] == [
+          (s, g) for _, s, g in reference], (who, index, layout)
+      for step, (record, (weights, _, _)) in enumerate(zip(steps,
+                                                           reference)):
+        np.testing.assert_allclose(
+            np.frombuffer(bytes.fromhex(record['weights']), np.float32),
+            weights, rtol=1e-6, atol=1e-7,
+            err_msg=f'{who}, step {step}, worker {index} of {layout}')
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ any), trains three steps with `LossScaleOptimizer(opt)` in a custom loop and
 saves. The first run's first step overflows in float16 at 2**15 and is
 skipped; the second run must resume at 2**14 with two finite steps counted
 (at 2**15 its steps would not overflow, and the scale and counter would
-end elsewhere). Run it twice in one directory, e.g. first with TensorFlow
+end elsewhere), and every variable must be bound to the checkpoint's
+value. Run it twice in one directory, e.g. first with TensorFlow
 2.15 or tf_keras, then with the TensorFlow to move to.
 """
 # Runs after: compat.install()
@@ -23,7 +24,7 @@ opt = tf.keras.mixed_precision.LossScaleOptimizer(
 checkpoint = tf.train.Checkpoint(w=w, optimizer=opt)
 manager = tf.train.CheckpointManager(checkpoint, 'checkpoints', max_to_keep=2)
 resumed = manager.latest_checkpoint is not None
-checkpoint.restore(manager.latest_checkpoint)
+status = checkpoint.restore(manager.latest_checkpoint)
 
 
 @tf.function
@@ -43,8 +44,15 @@ manager.save()
 state = (float(opt.loss_scale), int(opt.dynamic_counter), int(opt.iterations))
 applied = 5 if resumed else 2
 assert state == ((16384.0, 5, 6) if resumed else (16384.0, 2, 3)), state
+# Float16 products round the weight by less than 1e-3.
 np.testing.assert_allclose(w.numpy()[0, 0], 1.5 * (1 - 0.8 ** applied),
-                           rtol=1e-2)
+                           rtol=1e-3)
+if resumed:
+  # Last, so that a wrong value above fails as itself: every variable of
+  # the resumed program took its value from the checkpoint.
+  status.assert_existing_objects_matched()
 print(json.dumps({'resumed': resumed, 'loss_scale': state[0],
                   'dynamic_counter': state[1], 'iterations': state[2],
-                  'w': float(w.numpy()[0, 0])}))
+                  'w': float(w.numpy()[0, 0]),
+                  'optimizer_class': (f'{type(opt).__module__}.'
+                                      f'{type(opt).__qualname__}')}))
