@@ -454,3 +454,123 @@ print(json.dumps(installed + [
 
 def test_install_maps_the_keras_3_name_and_leaves_keras_its_own():
   assert fresh_process.run_json(['-c', _INSTALL]) == [True, True, True, True]
+
+
+def _minimize_step(opt, var, dtype, loss_kind):
+  """One step by `minimize`, the loss a callable or a tensor with its tape."""
+
+  def step(factor):
+    loss_fn = lambda: tf.reduce_sum(var * tf.cast(factor, dtype))
+    if loss_kind == 'callable':
+      opt.minimize(loss_fn, [var])
+    else:
+      with tf.GradientTape() as tape:
+        loss = loss_fn()
+      opt.minimize(loss, [var], tape=tape)
+
+  return step
+
+
+@pytest.mark.parametrize('loss_kind', ['callable', 'tensor'])
+@pytest.mark.parametrize('dtype,mode', [
+    ('float32', 'eager'), ('float32', 'function'), ('float16', 'eager')])
+def test_minimize_scales_and_unscales_inside_as_tf_keras(dtype, mode,
+                                                         loss_kind):
+  trajectories = []
+  for opt, var in [
+      (mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.125),
+                                          dynamic_growth_steps=2),
+       keras.Variable(np.array([1.0, -2.0], dtype), dtype=dtype)),
+      (tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(0.125), dynamic_growth_steps=2),
+       tf.Variable(np.array([1.0, -2.0], dtype)))]:
+    step = _minimize_step(opt, var, dtype, loss_kind)
+    if mode == 'function':
+      step = tf.function(step)
+    trajectory = []
+    for factor in _DYNAMIC_STEPS:
+      step(tf.constant(factor))
+      trajectory.append((np.asarray(var.numpy(), np.float32).tolist(),
+                         float(opt.loss_scale), int(opt.iterations)))
+    trajectories.append(trajectory)
+  assert trajectories[0] == trajectories[1]
+  if dtype == 'float16':
+    # The scaled loss overflows at factors 2 and 4: skipped, scale halved,
+    # and counted in iterations as tf_keras counts them.
+    assert [s for _, s, _ in trajectories[0]] == [
+        32768.0, 16384.0, 16384.0, 32768.0, 32768.0, 65536.0, 32768.0,
+        32768.0]
+    assert trajectories[0][1][0] == [0.875, -2.125]
+  assert [i for _, _, i in trajectories[0]] == list(range(1, 9))
+
+
+def test_compute_gradients_returns_unscaled_pairs_as_tf_keras():
+  results = []
+  for opt, var, other in [
+      (mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+                                          initial_scale=8),
+       keras.Variable([1.0, 2.0]), keras.Variable(3.0, trainable=False)),
+      (tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(1.0), initial_scale=8),
+       tf.Variable([1.0, 2.0]), tf.Variable(3.0, trainable=False))]:
+    unused = tf.Variable(0.0)
+    loss_fn = lambda: tf.reduce_sum(var * var) * other
+    # Listed variables are watched: the non-trainable one gets its
+    # gradient, an unused one None.
+    pairs = opt.compute_gradients(loss_fn, [var, other, unused])
+    # A callable var_list is called after the loss, and nothing is watched.
+    pairs += opt.compute_gradients(loss_fn, lambda: [var, other])
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(var) * 0.5
+    pairs += opt.compute_gradients(loss, [var], tape=tape)
+    assert [p[1] for p in pairs] == [var, other, unused, var, other, var]
+    results.append(([None if g is None else g.numpy().tolist()
+                     for g, _ in pairs], float(opt.loss_scale)))
+  assert results[0] == results[1] == (
+      [[6.0, 12.0], 5.0, None, [6.0, 12.0], None, [0.5, 0.5]], 8.0)
+
+
+def test_compute_gradients_of_a_tensor_without_its_tape_says_what_to_do():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+  var = keras.Variable(1.0)
+  with pytest.raises(ValueError, match=r'tape=None: pass the tf.GradientTape '
+                     'that computed the loss as tape='):
+    opt.compute_gradients(var * 2.0, [var])
+
+
+def test_minimize_follows_tensorflows_protocol_for_its_step():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+                                           initial_scale=4)
+  var = keras.Variable(1.0)
+  opt.scale_loss(var * 1.0)
+  with pytest.raises(RuntimeError, match=r'get_scaled_loss\(\) cannot follow '
+                     'a call of scale_loss'):
+    opt.minimize(lambda: var * 3.0, [var])
+  opt.apply_gradients([(tf.constant(4.0), var)])  # Ends that step: 4 / 4.
+  opt.minimize(lambda: var * 3.0, [var])
+  assert float(var.numpy()) == 1.0 - 1.0 - 3.0
+
+
+def _minimize_on_replicas(make_opt, make_var, loss_kind):
+  def make():
+    opt, var = make_opt(), make_var(np.array([1.0, 2.0], np.float32))
+    step = _minimize_step(opt, var, 'float32', loss_kind)
+    return opt, var, step
+  return make
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+@pytest.mark.parametrize('loss_kind', ['callable', 'tensor'])
+def test_minimize_on_replicas_skips_an_overflow_everywhere_as_tf_keras(
+    mirrored_strategy, loss_kind, mode):
+  ours = _mirrored_trajectory(mirrored_strategy, _minimize_on_replicas(
+      lambda: mixed_precision.LossScaleOptimizer(
+          keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=8),
+      keras.Variable, loss_kind), mode)
+  theirs = _mirrored_trajectory(mirrored_strategy, _minimize_on_replicas(
+      lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=8),
+      tf.Variable, loss_kind), mode)
+  assert ours == theirs == [([[0.0, 1.0]] * 2, 8.0), ([[0.0, 1.0]] * 2, 4.0),
+                            ([[-1.5, -0.5]] * 2, 4.0)]

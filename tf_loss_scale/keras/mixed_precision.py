@@ -6,7 +6,7 @@ keeps it; see docs/differences.md.
 """
 
 import numbers
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -148,6 +148,65 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def dynamic_counter(self) -> Optional[tf.Variable]:
     """Finite steps since the scale last changed; None if fixed or unbuilt."""
     return _tf(self.step_counter) if self._dynamic and self.built else None
+
+  def compute_gradients(self, loss: Any, var_list: Any,
+                        tape: Optional[tf.GradientTape] = None
+                       ) -> List[Tuple[Any, Any]]:
+    """Gradients of `loss`, computed on the scaled loss and then unscaled.
+
+    TensorFlow's protocol for the step: `get_scaled_loss` scales the loss
+    on the tape and `get_unscaled_gradients` divides the gradients, so the
+    next `apply_gradients` takes them as they are returned.
+
+    Args:
+      loss: A zero-argument callable returning the loss, or a loss tensor
+        computed under `tape`.
+      var_list: The variables, or a zero-argument callable returning them
+        (called after `loss`, which may create them).
+      tape: The `tf.GradientTape` that recorded a tensor `loss`; a new one
+        is used for a callable `loss` when None. It records the scaling too,
+        so it must not be recording when this is called.
+
+    Returns:
+      A list of `(unscaled gradient, variable)` pairs, one per variable; a
+      gradient is None where the loss does not depend on its variable.
+
+    Raises:
+      ValueError: If `loss` is a tensor and `tape` is None.
+      RuntimeError: If `scale_loss` was called since the last apply.
+    """
+    if tape is None:
+      if not callable(loss):
+        raise ValueError(
+            f'compute_gradients() got a loss tensor ({loss!r}) and tape=None: '
+            'pass the tf.GradientTape that computed the loss as tape=, or '
+            'pass the loss as a zero-argument callable.')
+      tape = tf.GradientTape()
+    with tape:
+      if callable(loss) and not callable(var_list):
+        # As tf_keras: variables that are not trainable get gradients too.
+        tape.watch([v.value if isinstance(v, keras.Variable) else v
+                    for v in var_list])
+      scaled_loss = self.get_scaled_loss(loss)
+      if callable(scaled_loss):
+        scaled_loss = scaled_loss()
+      if callable(var_list):
+        var_list = var_list()
+    var_list = list(var_list)
+    grads = tape.gradient(scaled_loss, var_list)
+    return list(zip(self.get_unscaled_gradients(grads), var_list))
+
+  def minimize(self, loss: Any, var_list: Any,
+               tape: Optional[tf.GradientTape] = None) -> None:
+    """One step on `loss`: `compute_gradients`, then `apply_gradients`.
+
+    Args:
+      loss, var_list, tape: As `compute_gradients`.
+
+    Raises:
+      As `compute_gradients` and `apply_gradients`.
+    """
+    self.apply_gradients(self.compute_gradients(loss, var_list, tape))
 
   def _on_skipped_step(self, given_unscaled: bool) -> Any:
     # TF 2.4-2.15's custom loops: `iterations` counts skipped steps too.
