@@ -574,3 +574,121 @@ def test_minimize_on_replicas_skips_an_overflow_everywhere_as_tf_keras(
       tf.Variable, loss_kind), mode)
   assert ours == theirs == [([[0.0, 1.0]] * 2, 8.0), ([[0.0, 1.0]] * 2, 4.0),
                             ([[-1.5, -0.5]] * 2, 4.0)]
+
+
+def _train_by_setting(opt, var, settings, factors=(1.0, 2.0, 1.0, INF, 1.0)):
+  """Sets `settings` on the wrapper, then trains; the weights per step."""
+  for name, value in settings.items():
+    setattr(opt, name, value)
+  step = _custom_loop_step(opt, var, 'float32')
+  weights = []
+  for factor in factors:
+    step(tf.constant([factor, 3.0 * factor]))
+    weights.append(var.numpy().tolist())
+  return weights
+
+
+def _pair(tf_keras_inner, keras_inner, start=(1.0, -2.0)):
+  return [(mixed_precision.LossScaleOptimizer(keras_inner, initial_scale=8),
+           keras.Variable(np.array(start, np.float32))),
+          (tf_keras.mixed_precision.LossScaleOptimizer(tf_keras_inner,
+                                                       initial_scale=8),
+           tf.Variable(np.array(start, np.float32)))]
+
+
+@pytest.mark.parametrize('settings', [
+    {'learning_rate': 0.25}, {'use_ema': True, 'ema_momentum': 0.5}])
+def test_settings_tf_keras_forwards_reach_the_inner_optimizer(settings):
+  # tf_keras's class around a tf_keras optimizer (TF 2.11-2.15's) forwards
+  # these three; each is set after construction and the steps use it.
+  results = []
+  for opt, var in _pair(tf_keras.optimizers.SGD(0.125),
+                        keras.optimizers.SGD(0.125)):
+    weights = _train_by_setting(opt, var, settings)
+    for name, value in settings.items():
+      if name != 'learning_rate':  # A variable: compared below.
+        assert getattr(opt, name) == getattr(opt.inner_optimizer,
+                                             name) == value
+    opt.finalize_variable_values([var])  # The average, with EMA.
+    results.append((weights, var.numpy().tolist(),
+                    float(tf.convert_to_tensor(opt.learning_rate))))
+  assert results[0][0] == results[1][0]  # The steps.
+  if 'use_ema' in settings:
+    # Both inner optimizers average the weights of the four applied steps
+    # (the skipped one is not averaged), momentum 0.5: the weights were
+    # [.875, -2.375], [.625, -3.125], [.5, -3.5], [.375, -3.875]. Keras 3's
+    # average starts from the first step's weights, tf_keras's from the
+    # weights before it ([1, -2]), as their bare optimizers do.
+    assert results[0][1] == [0.5, -3.5]
+    assert results[1][1] == [0.5078125, -3.4765625]
+  else:
+    assert results[0] == results[1]
+    assert results[0][0][0] == [0.75, -2.75]  # 1 - 0.25 * 1, -2 - 0.25 * 3.
+
+
+@pytest.mark.parametrize('settings', [
+    {'clipnorm': 1.0}, {'clipvalue': 1.5}, {'global_clipnorm': 2.0},
+    {'momentum': 0.75}])
+def test_hyperparameters_reach_the_inner_optimizer_as_tf_24s_did(settings):
+  # TF 2.4-2.10's class around an OptimizerV2 (tf_keras's legacy ones)
+  # forwarded the clipping settings and every hyperparameter.
+  results = []
+  for opt, var in _pair(tf_keras.optimizers.legacy.SGD(0.5, momentum=0.25),
+                        keras.optimizers.SGD(0.5, momentum=0.25)):
+    weights = _train_by_setting(opt, var, settings)
+    name, value = next(iter(settings.items()))
+    assert getattr(opt, name) == value
+    results.append(weights)
+  np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
+  # The first step, from the gradient [1, 3] (norm 3.16...).
+  first = {'clipnorm': [0.841886, -2.474342], 'clipvalue': [0.5, -2.75],
+           'global_clipnorm': [0.683772, -2.948683],
+           'momentum': [0.5, -3.5]}[name]
+  np.testing.assert_allclose(results[0][0], first, rtol=1e-6)
+
+
+@pytest.mark.parametrize('settings', [
+    {'weight_decay': 0.5}, {'use_ema': True, 'ema_overwrite_frequency': 2}])
+def test_keras_3_only_settings_reach_the_inner_optimizer(settings):
+  # Settings tf_keras's class had no counterpart for: as on the bare
+  # optimizer given them.
+  opt, var = _pair(tf_keras.optimizers.SGD(0.125),
+                   keras.optimizers.SGD(0.125))[0]
+  weights = _train_by_setting(opt, var, settings, factors=(1.0, 1.0, 1.0))
+  bare = keras.optimizers.SGD(0.125, **settings)
+  bare_var = keras.Variable(np.array([1.0, -2.0], np.float32))
+  expected = []
+  for _ in range(3):
+    bare.apply([tf.constant([1.0, 3.0])], [bare_var])
+    expected.append(bare_var.numpy().tolist())
+  assert weights == expected
+  # The setting changed the steps.
+  assert expected != [[0.875, -2.375], [0.75, -2.75], [0.625, -3.125]]
+
+
+def test_forwarded_settings_make_no_copy_of_the_model_on_the_wrapper():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+  opt.use_ema = True
+  opt.gradient_accumulation_steps = 2
+  var = keras.Variable(np.zeros([3], np.float32))
+  opt.build([var])
+  inner = opt.inner_optimizer
+  assert (inner.use_ema, inner.gradient_accumulation_steps) == (True, 2)
+  own = [v for v in opt.variables if not any(v is w for w in inner.variables)]
+  # Keras's iteration and learning rate, the counter and the scale: no
+  # average or accumulator of `var` on the wrapper.
+  assert sorted(v.name for v in own) == [
+      'dynamic_scale', 'iteration', 'learning_rate', 'step_counter']
+  assert len(inner.variables) == 4  # Iterations, rate, average, accumulator.
+
+
+def test_loss_scale_factor_is_refused_and_other_names_stay_on_the_wrapper():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+  with pytest.raises(ValueError, match=r'loss_scale_factor cannot be set to '
+                     r'4.0: .* Construct the wrapper with dynamic=False and '
+                     r'initial_scale=4.0'):
+    opt.loss_scale_factor = 4.0
+  assert opt.inner_optimizer.loss_scale_factor is None
+  opt.loss_scale_factor = None  # Its value already: accepted.
+  opt.note = 'mine'
+  assert opt.note == 'mine' and not hasattr(opt.inner_optimizer, 'note')

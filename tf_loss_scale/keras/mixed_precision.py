@@ -3,7 +3,20 @@
 For custom loops written for `tf.keras.mixed_precision` of TF 2.4-2.15, on
 TensorFlow 2.16 and later. A subclass of the Keras 3 form, so `compile`
 keeps it; see docs/differences.md.
+
+The forwarding rule, the one way settings reach the inner optimizer: once
+constructed, the wrapper reads and writes the inner optimizer's settings
+(the entries of its config but `name`: `learning_rate`, `use_ema`,
+`ema_momentum`, `clipnorm`, `momentum`, ...) on the inner optimizer, as
+tf_keras's class forwarded its hyperparameters. `loss_scale_factor` is
+the wrapper's and stays None (the wrapper scales the loss); `iterations`
+is the inner optimizer's count and cannot be replaced. Any other name is
+the wrapper's own attribute. Keras's `build` on the wrapper sees the
+wrapper's own settings (the defaults), so it makes no second EMA or
+accumulator copy of the model.
 """
+
+import contextlib
 
 import numbers
 from typing import Any, Dict, List, Optional, Tuple
@@ -23,6 +36,8 @@ _GROWTH_STEPS = 2000
 # Settings of Keras 2 optimizers that Keras 3's do not take, found in the
 # configs of tf_keras's class: their values do nothing in Keras 3.
 _KERAS2_ONLY_SETTINGS = ('jit_compile', 'is_legacy_optimizer')
+# Config entries of a Keras 3 optimizer that are not forwarded settings.
+_NOT_FORWARDED = frozenset({'name', 'loss_scale_factor'})
 
 
 @keras.saving.register_keras_serializable(
@@ -103,11 +118,51 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if hasattr(self.inner_optimizer.iterations, 'assign'):  # Not computed.
       layout['_iterations'] = self.inner_optimizer.iterations
     private_api.name_dependencies(self, **layout)
+    with tf.init_scope():  # A config reads variables' values.
+      settings = frozenset(self.inner_optimizer.get_config())
+    object.__setattr__(self, '_forwarded', settings - _NOT_FORWARDED)
     object.__setattr__(self, '_constructed', True)
+
+  # ---- the forwarding rule (module docstring) ------------------------------
+
+  def __getattribute__(self, name: str) -> Any:
+    own = object.__getattribute__(self, '__dict__')
+    if name in own.get('_forwarded', ()) and not own.get('_own_settings'):
+      return getattr(own['inner_optimizer'], name)
+    return object.__getattribute__(self, name)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    own = self.__dict__
+    if name in own.get('_forwarded', ()):
+      setattr(own['inner_optimizer'], name, value)
+      return
+    if (name == 'loss_scale_factor' and value is not None and
+        own.get('_constructed')):
+      raise ValueError(
+          f'{type(self).__name__}.loss_scale_factor cannot be set to '
+          f'{value!r}: the wrapper scales the loss itself (with the dynamic '
+          'scale, or initial_scale when dynamic=False), and a factor would '
+          'scale it twice. Construct the wrapper with dynamic=False and '
+          f'initial_scale={value!r} for a fixed scale.')
+    super().__setattr__(name, value)
+
+  @contextlib.contextmanager
+  def _wrapper_settings(self):
+    """Within: the forwarded names read the wrapper's own (default) values.
+
+    For Keras's base machinery run on the wrapper (`build`), which would
+    otherwise copy the model for an inner optimizer's EMA or accumulation.
+    """
+    object.__setattr__(self, '_own_settings', True)
+    try:
+      yield
+    finally:
+      object.__setattr__(self, '_own_settings', False)
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
-    super().build(var_list)
+    with self._wrapper_settings():
+      super().build(var_list)
     if self._dynamic:
       # Assigning tracks them, and restores what a checkpoint holds for them.
       self._tf_keras_layout.current_loss_scale = self.dynamic_scale
