@@ -692,3 +692,63 @@ def test_loss_scale_factor_is_refused_and_other_names_stay_on_the_wrapper():
   opt.loss_scale_factor = None  # Its value already: accepted.
   opt.note = 'mine'
   assert opt.note == 'mine' and not hasattr(opt.inner_optimizer, 'note')
+
+
+def _reduce_clip_apply(make_opt, make_var, apply_kwargs):
+  """TF 2.2+'s loop: all-reduce, clip the sums, then apply them as sums."""
+
+  def make():
+    opt = make_opt()
+    var = make_var(np.array([1.0, 2.0], np.float32))
+
+    def step(factor):
+      with tf.GradientTape() as tape:
+        loss = opt.get_scaled_loss(tf.reduce_sum(var * [factor, 3.0]))
+      grads = opt.get_unscaled_gradients(tape.gradient(loss, [var]))
+      sums = tf.distribute.get_replica_context().all_reduce('sum', grads)
+      clipped, _ = tf.clip_by_global_norm(sums, 5.0)
+      opt.apply_gradients(zip(clipped, [var]), **apply_kwargs)
+
+    return opt, var, step
+
+  return make
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+@pytest.mark.parametrize('apply_kwargs', [
+    {'skip_gradients_aggregation': True},
+    {'experimental_aggregate_gradients': False, 'name': 'step'}])
+def test_summed_gradients_are_applied_as_given_on_replicas_as_tf_keras(
+    mirrored_strategy, apply_kwargs, mode):
+  ours = _mirrored_trajectory(mirrored_strategy, _reduce_clip_apply(
+      lambda: mixed_precision.LossScaleOptimizer(
+          keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=8),
+      keras.Variable, apply_kwargs), mode)
+  theirs = _mirrored_trajectory(mirrored_strategy, _reduce_clip_apply(
+      lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=8),
+      tf.Variable, {k: v for k, v in apply_kwargs.items() if k != 'name'}),
+                                 mode)
+  assert ours == theirs
+  # The sums [2, 6] clipped to norm 5 ([1.58..., 4.74...]) applied once,
+  # not summed again; the step with replica 1's inf skipped everywhere.
+  first = [1.0 - 0.5 * 2.0 * 5.0 / np.sqrt(40.0),
+           2.0 - 0.5 * 6.0 * 5.0 / np.sqrt(40.0)]
+  np.testing.assert_allclose(ours[0][0], [first] * 2, rtol=1e-6)
+  assert [s for _, s in ours] == [8.0, 4.0, 4.0]
+  assert ours[1][0] == ours[0][0]
+
+
+def test_apply_gradients_refuses_an_unknown_keyword_naming_it():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+  var = keras.Variable(1.0)
+  with pytest.raises(TypeError, match=r"unexpected keyword arguments "
+                     r"\['aggregate'\]: it takes name, "
+                     'skip_gradients_aggregation and '
+                     'experimental_aggregate_gradients'):
+    opt.apply_gradients([(tf.constant(1.0), var)], aggregate=False)
+  # Without a strategy the sums are the gradients: the same step.
+  opt.apply_gradients([(tf.constant(1.0), var)], name='step',
+                      skip_gradients_aggregation=True)
+  assert float(var.numpy()) == 0.0

@@ -19,7 +19,7 @@ accumulator copy of the model.
 import contextlib
 
 import numbers
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -203,6 +203,50 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def dynamic_counter(self) -> Optional[tf.Variable]:
     """Finite steps since the scale last changed; None if fixed or unbuilt."""
     return _tf(self.step_counter) if self._dynamic and self.built else None
+
+  def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
+                      name: Optional[str] = None,
+                      skip_gradients_aggregation: bool = False,
+                      **kwargs: Any) -> Any:
+    """Applies the gradients if they are all finite; moves the scale.
+
+    Call it in a replica context (inside `strategy.run`, or with no
+    strategy). The gradients are unscaled unless `scale_loss` was called
+    (`tf_loss_scale.keras.protocols`).
+
+    TF 2.2+'s pattern "all-reduce, clip, then apply" passes
+    `experimental_aggregate_gradients=False` (TF 2.4-2.10) or
+    `skip_gradients_aggregation=True` (TF 2.11-2.15): the gradients given
+    are then the sums across replicas, the same on every replica. The
+    step decides on them as they are, and the inner optimizer applies
+    exactly them (`tf_loss_scale.distribute.shares_summing_to`).
+
+    Args:
+      grads_and_vars: `(gradient, variable)` pairs.
+      name: A name for the step's ops, as TensorFlow's classes took it.
+      skip_gradients_aggregation: Whether the gradients are already summed
+        across replicas.
+      **kwargs: `experimental_aggregate_gradients`: False when the gradients
+        are already summed across replicas.
+
+    Returns:
+      The inner optimizer's `iterations`.
+
+    Raises:
+      TypeError: For another keyword argument.
+      ValueError: As `apply`.
+    """
+    aggregate = kwargs.pop('experimental_aggregate_gradients', True)
+    if kwargs:
+      raise TypeError(
+          f'apply_gradients() got unexpected keyword arguments '
+          f'{sorted(kwargs)}: it takes name, skip_gradients_aggregation and '
+          'experimental_aggregate_gradients.')
+    pairs = list(grads_and_vars)
+    with tf.name_scope(name or self.name):
+      self._apply([g for g, _ in pairs], [v for _, v in pairs],
+                  summed=skip_gradients_aggregation or not aggregate)
+    return self.iterations
 
   def compute_gradients(self, loss: Any, var_list: Any,
                         tape: Optional[tf.GradientTape] = None
