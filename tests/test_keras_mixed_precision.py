@@ -752,3 +752,105 @@ def test_apply_gradients_refuses_an_unknown_keyword_naming_it():
   opt.apply_gradients([(tf.constant(1.0), var)], name='step',
                       skip_gradients_aggregation=True)
   assert float(var.numpy()) == 0.0
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+@pytest.mark.parametrize('clipping', [
+    {'clipnorm': 1.0}, {'global_clipnorm': 1.0}, {'clipvalue': 1.0}])
+def test_on_replicas_the_inner_optimizer_clips_the_sums_as_tf_keras(
+    mirrored_strategy, clipping, mode):
+  # Each replica's gradient is [1, 3] (3.0 on the second step on replica 1):
+  # clipped per replica and then summed, Keras 3's way, the update would be
+  # twice the clipped one.
+  def make(make_opt, make_var):
+    def made():
+      opt, var = make_opt(), make_var(np.array([1.0, 2.0], np.float32))
+      def step(factor):
+        with tf.GradientTape() as tape:
+          loss = opt.get_scaled_loss(tf.reduce_sum(var * [1.0, 3.0]) *
+                                     tf.minimum(factor, 3.0))
+        opt.apply_gradients(zip(
+            opt.get_unscaled_gradients(tape.gradient(loss, [var])), [var]))
+      return opt, var, step
+    return made
+
+  ours = _mirrored_trajectory(mirrored_strategy, make(
+      lambda: mixed_precision.LossScaleOptimizer(
+          keras.optimizers.SGD(1.0, **clipping), initial_scale=8),
+      keras.Variable), mode)
+  theirs = _mirrored_trajectory(mirrored_strategy, make(
+      lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(1.0, **clipping), initial_scale=8),
+      tf.Variable), mode)
+  np.testing.assert_allclose(np.array([w for w, _ in ours]),
+                             np.array([w for w, _ in theirs]), rtol=1e-6)
+  assert [s for _, s in ours] == [s for _, s in theirs] == [8.0, 8.0, 8.0]
+  # The first step applies the sum [2, 6] clipped once.
+  first = {'clipvalue': [0.0, 1.0]}.get(
+      next(iter(clipping)), [1.0 - 2.0 / np.sqrt(40.0),
+                             2.0 - 6.0 / np.sqrt(40.0)])
+  np.testing.assert_allclose(ours[0][0], [first] * 2, rtol=1e-6)
+
+
+def _float16_on_replicas(strategy, make):
+  """float16 weights on two replicas at a scale of 1: each replica's
+  gradient (40000) is finite in float16, their sum (80000) is not."""
+  with strategy.scope():
+    opt, var, step = make()
+  trajectory = []
+  for factor in (40000.0, 1.0):
+    strategy.run(step, (tf.constant(factor, tf.float16),))
+    trajectory.append(([np.asarray(v).tolist()
+                        for v in strategy.experimental_local_results(
+                            var.value if isinstance(var, keras.Variable)
+                            else var)], float(opt.loss_scale)))
+  return trajectory
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+@pytest.mark.parametrize('protocol', ['tensorflow', 'keras3'])
+def test_a_float16_sum_past_its_range_skips_as_tf_keras(mirrored_strategy,
+                                                       protocol):
+  def ours():
+    opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5),
+                                             initial_scale=1)
+    var = keras.Variable(np.array([1.0, 2.0], np.float16), dtype='float16')
+    if protocol == 'tensorflow':
+      return opt, var, _custom_loop_step(opt, var, 'float16')
+
+    def keras3_step(factor):  # Scaled gradients, divided into float32.
+      with tf.GradientTape() as tape:
+        loss = opt.scale_loss(tf.reduce_sum(var * factor))
+      opt.apply(tape.gradient(loss, [var]), [var])
+
+    return opt, var, keras3_step
+
+  def theirs():
+    opt = tf_keras.mixed_precision.LossScaleOptimizer(
+        tf_keras.optimizers.SGD(0.5), initial_scale=1)
+    var = tf.Variable(np.array([1.0, 2.0], np.float16))
+    return opt, var, _custom_loop_step(opt, var, 'float16')
+
+  expected = [([[1.0, 2.0]] * 2, 1.0),  # Skipped: the float16 sum is inf.
+              ([[0.0, 1.0]] * 2, 1.0)]  # The sum 2, at a rate of 0.5.
+  assert _float16_on_replicas(mirrored_strategy, ours) == expected
+  assert _float16_on_replicas(mirrored_strategy, theirs) == expected
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+def test_sums_for_variables_overwritten_with_their_gradient_are_refused(
+    mirrored_strategy):
+  with mirrored_strategy.scope():
+    opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+    var = keras.Variable(np.float32(1.0), name='amax')
+    var.overwrite_with_gradient = True
+    opt.build([var])
+
+  def replica_step():
+    opt.apply_gradients([(tf.constant(2.0), var)])
+
+  with pytest.raises(ValueError, match=r"variables \['amax'\] have "
+                     'overwrite_with_gradient=True .* Train them with '
+                     'tf_loss_scale.keras.LossScaleOptimizer'):
+    mirrored_strategy.run(replica_step)

@@ -239,7 +239,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
         grads, self._scale_state(), apply_fn if hands_sums else inner_apply,
         scaled=scaled, reduces=not hands_sums, summed=summed,
         names=step_record.gradient_names(variables),
-        on_skip=lambda _: self._on_skipped_step(scaled is None))
+        on_skip=lambda _: self._on_skipped_step(scaled is None),
+        held_as=[v.dtype for v in variables] if hands_sums else None)
 
   def stateless_apply(
       self, optimizer_variables: Sequence[Any], grads: Sequence[Any],

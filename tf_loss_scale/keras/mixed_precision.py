@@ -168,6 +168,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       self._tf_keras_layout.current_loss_scale = self.dynamic_scale
       self._tf_keras_layout.good_steps = self.step_counter
 
+  # As tf_keras's class: under a strategy, the step sums the gradients across
+  # replicas, decides on the sums, and the inner optimizer clips and applies
+  # the sums (Keras 3's class hands each replica's, clipped before the sum).
+  _INNER_GETS_SUMS = True
+
   dynamic = property(lambda self: self._dynamic,
                      doc='Whether the loss scale is dynamic.')
 
