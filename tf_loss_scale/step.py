@@ -53,11 +53,13 @@ all-reduced ones, and every replica reaches it without exchanging it
   communication) and hands the sums to `apply_fn`. Nothing is reduced
   beyond what the bare optimizer reduces. With `summed=True` the caller
   has made the sums already: the step decides on them as they are and sums
-  nothing.
+  nothing. `held_as` reads each sum as its variable will hold it. (TF
+  2.4-2.15's form hands the sums to a Keras 3 optimizer, which sums what it
+  is given, as `distribute.shares_summing_to`: one more all-reduce.)
 - `reduces=True`: `apply_fn` all-reduces the gradients itself (a Keras 3
   optimizer's `apply`, a `tf.compat.v1` optimizer's `apply_gradients`), and
-  no public API of those optimizers takes sums without summing them again.
-  The step then decides before the sums exist, from each replica's reading
+  no public API of those optimizers takes sums without summing them again
+  (short of a second all-reduce). The step then decides before the sums exist, from each replica's reading
   of its own gradients, added up (`distribute.read`): a step is applied only
   if every replica's gradients are finite and their sums certainly are (a
   bound, exact unless the replicas' largest magnitudes of a gradient

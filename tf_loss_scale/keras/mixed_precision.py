@@ -248,7 +248,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
           f'{sorted(kwargs)}: it takes name, skip_gradients_aggregation and '
           'experimental_aggregate_gradients.')
     pairs = list(grads_and_vars)
-    with tf.name_scope(name or self.name):
+    with contextlib.nullcontext() if name is None else tf.name_scope(name):
       self._apply([g for g, _ in pairs], [v for _, v in pairs],
                   summed=skip_gradients_aggregation or not aggregate)
     return self.iterations
