@@ -628,7 +628,7 @@ def test_settings_tf_keras_forwards_reach_the_inner_optimizer(settings):
 
 @pytest.mark.parametrize('settings', [
     {'clipnorm': 1.0}, {'clipvalue': 1.5}, {'global_clipnorm': 2.0},
-    {'momentum': 0.75}])
+    {'momentum': 0.75}, {'lr': 0.25}])
 def test_hyperparameters_reach_the_inner_optimizer_as_tf_24s_did(settings):
   # TF 2.4-2.10's class around an OptimizerV2 (tf_keras's legacy ones)
   # forwarded the clipping settings and every hyperparameter.
@@ -637,13 +637,13 @@ def test_hyperparameters_reach_the_inner_optimizer_as_tf_24s_did(settings):
                         keras.optimizers.SGD(0.5, momentum=0.25)):
     weights = _train_by_setting(opt, var, settings)
     name, value = next(iter(settings.items()))
-    assert getattr(opt, name) == value
+    assert float(tf.convert_to_tensor(getattr(opt, name))) == value
     results.append(weights)
   np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
   # The first step, from the gradient [1, 3] (norm 3.16...).
   first = {'clipnorm': [0.841886, -2.474342], 'clipvalue': [0.5, -2.75],
            'global_clipnorm': [0.683772, -2.948683],
-           'momentum': [0.5, -3.5]}[name]
+           'momentum': [0.5, -3.5], 'lr': [0.75, -2.75]}[name]
   np.testing.assert_allclose(results[0][0], first, rtol=1e-6)
 
 

@@ -7,17 +7,16 @@ keeps it; see docs/differences.md.
 The forwarding rule, the one way settings reach the inner optimizer: once
 constructed, the wrapper reads and writes the inner optimizer's settings
 (the entries of its config but `name`: `learning_rate`, `use_ema`,
-`ema_momentum`, `clipnorm`, `momentum`, ...) on the inner optimizer, as
-tf_keras's class forwarded its hyperparameters. `loss_scale_factor` is
-the wrapper's and stays None (the wrapper scales the loss); `iterations`
-is the inner optimizer's count and cannot be replaced. Any other name is
-the wrapper's own attribute. Keras's `build` on the wrapper sees the
-wrapper's own settings (the defaults), so it makes no second EMA or
-accumulator copy of the model.
+`ema_momentum`, `clipnorm`, `momentum`, ...; `lr` is `learning_rate`) on
+the inner optimizer, as tf_keras's class forwarded its hyperparameters.
+`loss_scale_factor` is the wrapper's and stays None (the wrapper scales
+the loss); `iterations` is the inner optimizer's count and cannot be
+replaced. Any other name is the wrapper's own attribute. Keras's `build`
+on the wrapper sees the wrapper's own settings (the defaults), so it makes
+no second EMA or accumulator copy of the model.
 """
 
 import contextlib
-
 import numbers
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -38,6 +37,8 @@ _GROWTH_STEPS = 2000
 _KERAS2_ONLY_SETTINGS = ('jit_compile', 'is_legacy_optimizer')
 # Config entries of a Keras 3 optimizer that are not forwarded settings.
 _NOT_FORWARDED = frozenset({'name', 'loss_scale_factor'})
+# TF 2.4-2.10's other names for forwarded settings.
+_ALIASES = {'lr': 'learning_rate'}
 
 
 @keras.saving.register_keras_serializable(
@@ -120,7 +121,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     private_api.name_dependencies(self, **layout)
     with tf.init_scope():  # A config reads variables' values.
       settings = frozenset(self.inner_optimizer.get_config())
-    object.__setattr__(self, '_forwarded', settings - _NOT_FORWARDED)
+    object.__setattr__(self, '_forwarded',
+                       settings - _NOT_FORWARDED | frozenset(_ALIASES))
     object.__setattr__(self, '_constructed', True)
 
   # ---- the forwarding rule (module docstring) ------------------------------
@@ -128,13 +130,13 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def __getattribute__(self, name: str) -> Any:
     own = object.__getattribute__(self, '__dict__')
     if name in own.get('_forwarded', ()) and not own.get('_own_settings'):
-      return getattr(own['inner_optimizer'], name)
+      return getattr(own['inner_optimizer'], _ALIASES.get(name, name))
     return object.__getattribute__(self, name)
 
   def __setattr__(self, name: str, value: Any) -> None:
     own = self.__dict__
     if name in own.get('_forwarded', ()):
-      setattr(own['inner_optimizer'], name, value)
+      setattr(own['inner_optimizer'], _ALIASES.get(name, name), value)
       return
     if (name == 'loss_scale_factor' and value is not None and
         own.get('_constructed')):
