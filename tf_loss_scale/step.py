@@ -59,8 +59,9 @@ all-reduced ones, and every replica reaches it without exchanging it
 - `reduces=True`: `apply_fn` all-reduces the gradients itself (a Keras 3
   optimizer's `apply`, a `tf.compat.v1` optimizer's `apply_gradients`), and
   no public API of those optimizers takes sums without summing them again
-  (short of a second all-reduce). The step then decides before the sums exist, from each replica's reading
-  of its own gradients, added up (`distribute.read`): a step is applied only
+  (short of a second all-reduce). The step then decides before the sums
+  exist, from each replica's reading of its own gradients, added up
+  (`distribute.read`): a step is applied only
   if every replica's gradients are finite and their sums certainly are (a
   bound, exact unless the replicas' largest magnitudes of a gradient
   together pass its dtype's largest value). When the step divided every

@@ -63,6 +63,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   and checkpoint layout are tf_keras's.
   """
 
+  # As tf_keras's class: under a strategy, the step sums the gradients across
+  # replicas, decides on the sums, and the inner optimizer clips and applies
+  # the sums (Keras 3's class hands each replica's, clipped before the sum).
+  _INNER_GETS_SUMS = True
+
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
                dynamic: bool = True, initial_scale: Optional[float] = None,
                dynamic_growth_steps: Optional[int] = None,
@@ -106,6 +111,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       raise ValueError(
           'dynamic_growth_steps must be None when dynamic=False (a fixed '
           f'scale never grows), but got {dynamic_growth_steps!r}.')
+    # Forwarded once constructed (Keras's `__init__` sets its own defaults).
+    object.__setattr__(self, '_forwarded', _forwarded_names(inner_optimizer))
     # Set past Keras's attribute tracking, before Keras's `__init__` sets
     # `dynamic_growth_steps`.
     object.__setattr__(self, '_dynamic', dynamic)
@@ -119,27 +126,26 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if hasattr(self.inner_optimizer.iterations, 'assign'):  # Not computed.
       layout['_iterations'] = self.inner_optimizer.iterations
     private_api.name_dependencies(self, **layout)
-    with tf.init_scope():  # A config reads variables' values.
-      settings = frozenset(self.inner_optimizer.get_config())
-    object.__setattr__(self, '_forwarded',
-                       settings - _NOT_FORWARDED | frozenset(_ALIASES))
     object.__setattr__(self, '_constructed', True)
 
   # ---- the forwarding rule (module docstring) ------------------------------
 
   def __getattribute__(self, name: str) -> Any:
     own = object.__getattribute__(self, '__dict__')
-    if name in own.get('_forwarded', ()) and not own.get('_own_settings'):
+    if (name in own.get('_forwarded', ()) and own.get('_constructed') and
+        not own.get('_own_settings')):
       return getattr(own['inner_optimizer'], _ALIASES.get(name, name))
     return object.__getattribute__(self, name)
 
   def __setattr__(self, name: str, value: Any) -> None:
     own = self.__dict__
-    if name in own.get('_forwarded', ()):
+    if not own.get('_constructed'):
+      super().__setattr__(name, value)
+      return
+    if name in own['_forwarded']:
       setattr(own['inner_optimizer'], _ALIASES.get(name, name), value)
       return
-    if (name == 'loss_scale_factor' and value is not None and
-        own.get('_constructed')):
+    if name == 'loss_scale_factor' and value is not None:
       raise ValueError(
           f'{type(self).__name__}.loss_scale_factor cannot be set to '
           f'{value!r}: the wrapper scales the loss itself (with the dynamic '
@@ -169,11 +175,6 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       # Assigning tracks them, and restores what a checkpoint holds for them.
       self._tf_keras_layout.current_loss_scale = self.dynamic_scale
       self._tf_keras_layout.good_steps = self.step_counter
-
-  # As tf_keras's class: under a strategy, the step sums the gradients across
-  # replicas, decides on the sums, and the inner optimizer clips and applies
-  # the sums (Keras 3's class hands each replica's, clipped before the sum).
-  _INNER_GETS_SUMS = True
 
   dynamic = property(lambda self: self._dynamic,
                      doc='Whether the loss scale is dynamic.')
@@ -364,6 +365,16 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       inner = keras.optimizers.deserialize(inner,
                                            custom_objects=custom_objects)
     return cls(inner, **config)
+
+
+def _forwarded_names(inner: keras.optimizers.Optimizer) -> frozenset:
+  # The forwarding rule's names (module docstring). Made before the Keras 3
+  # form's guards refuse what is not a Keras 3 optimizer, in their words.
+  if not isinstance(inner, keras.optimizers.Optimizer):
+    return frozenset()
+  with tf.init_scope():  # A config reads variables' values.
+    settings = frozenset(inner.get_config())
+  return settings - _NOT_FORWARDED | frozenset(_ALIASES)
 
 
 def _is_number(value: Any) -> bool:
