@@ -250,6 +250,41 @@ def test_all_reduce_in_replica_sums_once_and_keeps_none(mirrored_strategy):
                                   err_msg=f'replica {replica}')
 
 
+@pytest.mark.parametrize('in_function', [False, True])
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
+def test_shares_all_reduce_to_exactly_the_sums(mirrored_strategy, dtype,
+                                              in_function):
+  # Every kind of value, signed zeros included, comes back bit for bit.
+  sums = np.array([-0.0, 0.0, 1.0 / 3.0, -2.5e-8, 6e4, INF, -INF, NAN],
+                  dtype)
+  rows = np.array([[1.5, -0.0], [NAN, 3.0]], dtype)
+
+  def replica_fn():
+    dense, sparse = distribute.shares_summing_to([
+        tf.constant(sums),
+        tf.IndexedSlices(tf.constant(rows), tf.constant([2, 0]),
+                         tf.constant([3, 2]))])
+    dense, sparse = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, [dense, sparse])
+    return dense, sparse.values, sparse.indices
+
+  run = lambda: mirrored_strategy.run(replica_fn)
+  dense, values, indices = (tf.function(run) if in_function else run)()
+  for replica in range(2):
+    got = _local(mirrored_strategy, dense)[replica]
+    assert got.tobytes() == sums.tobytes(), f'replica {replica}: {got}'
+    # The first replica's rows, and none from the other.
+    got = _local(mirrored_strategy, values)[replica]
+    assert got.tobytes() == rows.tobytes(), f'replica {replica}: {got}'
+    assert _local(mirrored_strategy, indices)[replica].tolist() == [2, 0]
+
+
+def test_shares_are_the_sums_themselves_without_a_strategy():
+  grads = [tf.constant([1.0, -0.0]), None]
+  shares = distribute.shares_summing_to(grads)
+  assert shares[0] is grads[0] and shares[1] is None
+
+
 @pytest.mark.parametrize('bad,in_function', [
     (3e38, False), (3e38, True), (NAN, True), (-INF, True)])
 def test_read_in_a_replica_context_sees_a_sum_overflow_in_a_replica_context(

@@ -173,7 +173,11 @@ def _fit_with_overflow_on_replica_1(strategy, make_optimizer):
 
 # The experimental form refuses Keras 3's fit (its scale_loss raises; see
 # test_keras_experimental.py): fit is the Keras 3 form's.
-@pytest.mark.parametrize('make_optimizer', [_ours], ids=['keras3_form'])
+@pytest.mark.parametrize('make_optimizer', [
+    _ours,
+    # TF 2.4-2.15's form hands its inner optimizer the sums: the same steps.
+    lambda inner: tls_keras.mixed_precision.LossScaleOptimizer(
+        inner, initial_scale=8.0)], ids=['keras3_form', 'tf24_form'])
 def test_fit_skips_a_batch_that_overflows_on_one_replica(
     mirrored_strategy, make_optimizer):
   model, history = _fit_with_overflow_on_replica_1(mirrored_strategy,

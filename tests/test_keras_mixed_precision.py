@@ -672,3 +672,403 @@ print(json.dumps(installed + [
 
 def test_install_maps_the_keras_3_name_and_leaves_keras_its_own():
   assert fresh_process.run_json(['-c', _INSTALL]) == [True, True, True, True]
+
+
+def _minimize_step(opt, var, dtype, loss_kind):
+  """One step by `minimize`, the loss a callable or a tensor with its tape."""
+
+  def step(factor):
+    loss_fn = lambda: tf.reduce_sum(var * tf.cast(factor, dtype))
+    if loss_kind == 'callable':
+      opt.minimize(loss_fn, [var])
+    else:
+      with tf.GradientTape() as tape:
+        loss = loss_fn()
+      opt.minimize(loss, [var], tape=tape)
+
+  return step
+
+
+@pytest.mark.parametrize('loss_kind', ['callable', 'tensor'])
+@pytest.mark.parametrize('dtype,mode', [
+    ('float32', 'eager'), ('float32', 'function'), ('float16', 'eager')])
+def test_minimize_scales_and_unscales_inside_as_tf_keras(dtype, mode,
+                                                         loss_kind):
+  trajectories = []
+  for opt, var in [
+      (mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.125),
+                                          dynamic_growth_steps=2),
+       keras.Variable(np.array([1.0, -2.0], dtype), dtype=dtype)),
+      (tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(0.125), dynamic_growth_steps=2),
+       tf.Variable(np.array([1.0, -2.0], dtype)))]:
+    step = _minimize_step(opt, var, dtype, loss_kind)
+    if mode == 'function':
+      step = tf.function(step)
+    trajectory = []
+    for factor in _DYNAMIC_STEPS:
+      step(tf.constant(factor))
+      trajectory.append((np.asarray(var.numpy(), np.float32).tolist(),
+                         float(opt.loss_scale), int(opt.iterations)))
+    trajectories.append(trajectory)
+  assert trajectories[0] == trajectories[1]
+  if dtype == 'float16':
+    # The scaled loss overflows at factors 2 and 4: skipped, scale halved,
+    # and counted in iterations as tf_keras counts them.
+    assert [s for _, s, _ in trajectories[0]] == [
+        32768.0, 16384.0, 16384.0, 32768.0, 32768.0, 65536.0, 32768.0,
+        32768.0]
+    assert trajectories[0][1][0] == [0.875, -2.125]
+  assert [i for _, _, i in trajectories[0]] == list(range(1, 9))
+
+
+def test_compute_gradients_returns_unscaled_pairs_as_tf_keras():
+  results = []
+  for opt, var, other in [
+      (mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+                                          initial_scale=8),
+       keras.Variable([1.0, 2.0]), keras.Variable(3.0, trainable=False)),
+      (tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(1.0), initial_scale=8),
+       tf.Variable([1.0, 2.0]), tf.Variable(3.0, trainable=False))]:
+    unused = tf.Variable(0.0)
+    loss_fn = lambda: tf.reduce_sum(var * var) * other
+    # Listed variables are watched: the non-trainable one gets its
+    # gradient, an unused one None.
+    pairs = opt.compute_gradients(loss_fn, [var, other, unused])
+    # A callable var_list is called after the loss, and nothing is watched.
+    pairs += opt.compute_gradients(loss_fn, lambda: [var, other])
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(var) * 0.5
+    pairs += opt.compute_gradients(loss, [var], tape=tape)
+    assert [p[1] for p in pairs] == [var, other, unused, var, other, var]
+    results.append(([None if g is None else g.numpy().tolist()
+                     for g, _ in pairs], float(opt.loss_scale)))
+  assert results[0] == results[1] == (
+      [[6.0, 12.0], 5.0, None, [6.0, 12.0], None, [0.5, 0.5]], 8.0)
+
+
+def test_compute_gradients_of_a_tensor_without_its_tape_says_what_to_do():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+  var = keras.Variable(1.0)
+  with pytest.raises(ValueError, match=r'tape=None: pass the tf.GradientTape '
+                     'that computed the loss as tape='):
+    opt.compute_gradients(var * 2.0, [var])
+
+
+def test_minimize_follows_tensorflows_protocol_for_its_step():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+                                           initial_scale=4)
+  var = keras.Variable(1.0)
+  opt.scale_loss(var * 1.0)
+  with pytest.raises(RuntimeError, match=r'get_scaled_loss\(\) cannot follow '
+                     'a call of scale_loss'):
+    opt.minimize(lambda: var * 3.0, [var])
+  opt.apply_gradients([(tf.constant(4.0), var)])  # Ends that step: 4 / 4.
+  opt.minimize(lambda: var * 3.0, [var])
+  assert float(var.numpy()) == 1.0 - 1.0 - 3.0
+
+
+def _minimize_on_replicas(make_opt, make_var, loss_kind):
+  def make():
+    opt, var = make_opt(), make_var(np.array([1.0, 2.0], np.float32))
+    step = _minimize_step(opt, var, 'float32', loss_kind)
+    return opt, var, step
+  return make
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+@pytest.mark.parametrize('loss_kind', ['callable', 'tensor'])
+def test_minimize_on_replicas_skips_an_overflow_everywhere_as_tf_keras(
+    mirrored_strategy, loss_kind, mode):
+  ours = _mirrored_trajectory(mirrored_strategy, _minimize_on_replicas(
+      lambda: mixed_precision.LossScaleOptimizer(
+          keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=8),
+      keras.Variable, loss_kind), mode)
+  theirs = _mirrored_trajectory(mirrored_strategy, _minimize_on_replicas(
+      lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=8),
+      tf.Variable, loss_kind), mode)
+  assert ours == theirs == [([[0.0, 1.0]] * 2, 8.0), ([[0.0, 1.0]] * 2, 4.0),
+                            ([[-1.5, -0.5]] * 2, 4.0)]
+
+
+def _train_by_setting(opt, var, settings, factors=(1.0, 2.0, 1.0, INF, 1.0)):
+  """Sets `settings` on the wrapper, then trains; the weights per step."""
+  for name, value in settings.items():
+    setattr(opt, name, value)
+  step = _custom_loop_step(opt, var, 'float32')
+  weights = []
+  for factor in factors:
+    step(tf.constant([factor, 3.0 * factor]))
+    weights.append(var.numpy().tolist())
+  return weights
+
+
+def _pair(tf_keras_inner, keras_inner, start=(1.0, -2.0)):
+  return [(mixed_precision.LossScaleOptimizer(keras_inner, initial_scale=8),
+           keras.Variable(np.array(start, np.float32))),
+          (tf_keras.mixed_precision.LossScaleOptimizer(tf_keras_inner,
+                                                       initial_scale=8),
+           tf.Variable(np.array(start, np.float32)))]
+
+
+@pytest.mark.parametrize('settings', [
+    {'learning_rate': 0.25}, {'use_ema': True, 'ema_momentum': 0.5}])
+def test_settings_tf_keras_forwards_reach_the_inner_optimizer(settings):
+  # tf_keras's class around a tf_keras optimizer (TF 2.11-2.15's) forwards
+  # these three; each is set after construction and the steps use it.
+  results = []
+  for opt, var in _pair(tf_keras.optimizers.SGD(0.125),
+                        keras.optimizers.SGD(0.125)):
+    weights = _train_by_setting(opt, var, settings)
+    for name, value in settings.items():
+      if name != 'learning_rate':  # A variable: compared below.
+        assert getattr(opt, name) == getattr(opt.inner_optimizer,
+                                             name) == value
+    opt.finalize_variable_values([var])  # The average, with EMA.
+    results.append((weights, var.numpy().tolist(),
+                    float(tf.convert_to_tensor(opt.learning_rate))))
+  assert results[0][0] == results[1][0]  # The steps.
+  if 'use_ema' in settings:
+    # Both inner optimizers average the weights of the four applied steps
+    # (the skipped one is not averaged), momentum 0.5: the weights were
+    # [.875, -2.375], [.625, -3.125], [.5, -3.5], [.375, -3.875]. Keras 3's
+    # average starts from the first step's weights, tf_keras's from the
+    # weights before it ([1, -2]), as their bare optimizers do.
+    assert results[0][1] == [0.5, -3.5]
+    assert results[1][1] == [0.5078125, -3.4765625]
+  else:
+    assert results[0] == results[1]
+    assert results[0][0][0] == [0.75, -2.75]  # 1 - 0.25 * 1, -2 - 0.25 * 3.
+
+
+@pytest.mark.parametrize('settings', [
+    {'clipnorm': 1.0}, {'clipvalue': 1.5}, {'global_clipnorm': 2.0},
+    {'momentum': 0.75}, {'lr': 0.25}])
+def test_hyperparameters_reach_the_inner_optimizer_as_tf_24s_did(settings):
+  # TF 2.4-2.10's class around an OptimizerV2 (tf_keras's legacy ones)
+  # forwarded the clipping settings and every hyperparameter.
+  results = []
+  for opt, var in _pair(tf_keras.optimizers.legacy.SGD(0.5, momentum=0.25),
+                        keras.optimizers.SGD(0.5, momentum=0.25)):
+    weights = _train_by_setting(opt, var, settings)
+    name, value = next(iter(settings.items()))
+    assert float(tf.convert_to_tensor(getattr(opt, name))) == value
+    results.append(weights)
+  np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
+  # The first step, from the gradient [1, 3] (norm 3.16...).
+  first = {'clipnorm': [0.841886, -2.474342], 'clipvalue': [0.5, -2.75],
+           'global_clipnorm': [0.683772, -2.948683],
+           'momentum': [0.5, -3.5], 'lr': [0.75, -2.75]}[name]
+  np.testing.assert_allclose(results[0][0], first, rtol=1e-6)
+
+
+@pytest.mark.parametrize('settings', [
+    {'weight_decay': 0.5}, {'use_ema': True, 'ema_overwrite_frequency': 2}])
+def test_keras_3_only_settings_reach_the_inner_optimizer(settings):
+  # Settings tf_keras's class had no counterpart for: as on the bare
+  # optimizer given them.
+  opt, var = _pair(tf_keras.optimizers.SGD(0.125),
+                   keras.optimizers.SGD(0.125))[0]
+  weights = _train_by_setting(opt, var, settings, factors=(1.0, 1.0, 1.0))
+  bare = keras.optimizers.SGD(0.125, **settings)
+  bare_var = keras.Variable(np.array([1.0, -2.0], np.float32))
+  expected = []
+  for _ in range(3):
+    bare.apply([tf.constant([1.0, 3.0])], [bare_var])
+    expected.append(bare_var.numpy().tolist())
+  assert weights == expected
+  # The setting changed the steps.
+  assert expected != [[0.875, -2.375], [0.75, -2.75], [0.625, -3.125]]
+
+
+def test_forwarded_settings_make_no_copy_of_the_model_on_the_wrapper():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+  opt.use_ema = True
+  opt.gradient_accumulation_steps = 2
+  var = keras.Variable(np.zeros([3], np.float32))
+  opt.build([var])
+  inner = opt.inner_optimizer
+  assert (inner.use_ema, inner.gradient_accumulation_steps) == (True, 2)
+  own = [v for v in opt.variables if not any(v is w for w in inner.variables)]
+  # Keras's iteration and learning rate, the counter and the scale: no
+  # average or accumulator of `var` on the wrapper.
+  assert sorted(v.name for v in own) == [
+      'dynamic_scale', 'iteration', 'learning_rate', 'step_counter']
+  assert len(inner.variables) == 4  # Iterations, rate, average, accumulator.
+
+
+def test_loss_scale_factor_is_refused_and_other_names_stay_on_the_wrapper():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+  with pytest.raises(ValueError, match=r'loss_scale_factor cannot be set to '
+                     r'4.0: .* Construct the wrapper with dynamic=False and '
+                     r'initial_scale=4.0'):
+    opt.loss_scale_factor = 4.0
+  assert opt.inner_optimizer.loss_scale_factor is None
+  opt.loss_scale_factor = None  # Its value already: accepted.
+  opt.note = 'mine'
+  assert opt.note == 'mine' and not hasattr(opt.inner_optimizer, 'note')
+
+
+def _reduce_clip_apply(make_opt, make_var, apply_kwargs):
+  """TF 2.2+'s loop: all-reduce, clip the sums, then apply them as sums."""
+
+  def make():
+    opt = make_opt()
+    var = make_var(np.array([1.0, 2.0], np.float32))
+
+    def step(factor):
+      with tf.GradientTape() as tape:
+        loss = opt.get_scaled_loss(tf.reduce_sum(var * [factor, 3.0]))
+      grads = opt.get_unscaled_gradients(tape.gradient(loss, [var]))
+      sums = tf.distribute.get_replica_context().all_reduce('sum', grads)
+      clipped, _ = tf.clip_by_global_norm(sums, 5.0)
+      opt.apply_gradients(zip(clipped, [var]), **apply_kwargs)
+
+    return opt, var, step
+
+  return make
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+@pytest.mark.parametrize('apply_kwargs', [
+    {'skip_gradients_aggregation': True},
+    {'experimental_aggregate_gradients': False, 'name': 'step'}])
+def test_summed_gradients_are_applied_as_given_on_replicas_as_tf_keras(
+    mirrored_strategy, apply_kwargs, mode):
+  ours = _mirrored_trajectory(mirrored_strategy, _reduce_clip_apply(
+      lambda: mixed_precision.LossScaleOptimizer(
+          keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=8),
+      keras.Variable, apply_kwargs), mode)
+  theirs = _mirrored_trajectory(mirrored_strategy, _reduce_clip_apply(
+      lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=8),
+      tf.Variable, {k: v for k, v in apply_kwargs.items() if k != 'name'}),
+                                 mode)
+  assert ours == theirs
+  # The sums [2, 6] clipped to norm 5 ([1.58..., 4.74...]) applied once,
+  # not summed again; the step with replica 1's inf skipped everywhere.
+  first = [1.0 - 0.5 * 2.0 * 5.0 / np.sqrt(40.0),
+           2.0 - 0.5 * 6.0 * 5.0 / np.sqrt(40.0)]
+  np.testing.assert_allclose(ours[0][0], [first] * 2, rtol=1e-6)
+  assert [s for _, s in ours] == [8.0, 4.0, 4.0]
+  assert ours[1][0] == ours[0][0]
+
+
+def test_apply_gradients_refuses_an_unknown_keyword_naming_it():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+  var = keras.Variable(1.0)
+  with pytest.raises(TypeError, match=r"unexpected keyword arguments "
+                     r"\['aggregate'\]: it takes name, "
+                     'skip_gradients_aggregation and '
+                     'experimental_aggregate_gradients'):
+    opt.apply_gradients([(tf.constant(1.0), var)], aggregate=False)
+  # Without a strategy the sums are the gradients: the same step.
+  opt.apply_gradients([(tf.constant(1.0), var)], name='step',
+                      skip_gradients_aggregation=True)
+  assert float(var.numpy()) == 0.0
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+@pytest.mark.parametrize('mode', ['eager', 'function'])
+@pytest.mark.parametrize('clipping', [
+    {'clipnorm': 1.0}, {'global_clipnorm': 1.0}, {'clipvalue': 1.0}])
+def test_on_replicas_the_inner_optimizer_clips_the_sums_as_tf_keras(
+    mirrored_strategy, clipping, mode):
+  # Each replica's gradient is [1, 3] (3.0 on the second step on replica 1):
+  # clipped per replica and then summed, Keras 3's way, the update would be
+  # twice the clipped one.
+  def make(make_opt, make_var):
+    def made():
+      opt, var = make_opt(), make_var(np.array([1.0, 2.0], np.float32))
+      def step(factor):
+        with tf.GradientTape() as tape:
+          loss = opt.get_scaled_loss(tf.reduce_sum(var * [1.0, 3.0]) *
+                                     tf.minimum(factor, 3.0))
+        opt.apply_gradients(zip(
+            opt.get_unscaled_gradients(tape.gradient(loss, [var])), [var]))
+      return opt, var, step
+    return made
+
+  ours = _mirrored_trajectory(mirrored_strategy, make(
+      lambda: mixed_precision.LossScaleOptimizer(
+          keras.optimizers.SGD(1.0, **clipping), initial_scale=8),
+      keras.Variable), mode)
+  theirs = _mirrored_trajectory(mirrored_strategy, make(
+      lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+          tf_keras.optimizers.SGD(1.0, **clipping), initial_scale=8),
+      tf.Variable), mode)
+  np.testing.assert_allclose(np.array([w for w, _ in ours]),
+                             np.array([w for w, _ in theirs]), rtol=1e-6)
+  assert [s for _, s in ours] == [s for _, s in theirs] == [8.0, 8.0, 8.0]
+  # The first step applies the sum [2, 6] clipped once.
+  first = {'clipvalue': [0.0, 1.0]}.get(
+      next(iter(clipping)), [1.0 - 2.0 / np.sqrt(40.0),
+                             2.0 - 6.0 / np.sqrt(40.0)])
+  np.testing.assert_allclose(ours[0][0], [first] * 2, rtol=1e-6)
+
+
+def _float16_on_replicas(strategy, make):
+  """float16 weights on two replicas at a scale of 1: each replica's
+  gradient (40000) is finite in float16, their sum (80000) is not."""
+  with strategy.scope():
+    opt, var, step = make()
+  trajectory = []
+  for factor in (40000.0, 1.0):
+    strategy.run(step, (tf.constant(factor, tf.float16),))
+    trajectory.append(([np.asarray(v).tolist()
+                        for v in strategy.experimental_local_results(
+                            var.value if isinstance(var, keras.Variable)
+                            else var)], float(opt.loss_scale)))
+  return trajectory
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+@pytest.mark.parametrize('protocol', ['tensorflow', 'keras3'])
+def test_a_float16_sum_past_its_range_skips_as_tf_keras(mirrored_strategy,
+                                                       protocol):
+  def ours():
+    opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5),
+                                             initial_scale=1)
+    var = keras.Variable(np.array([1.0, 2.0], np.float16), dtype='float16')
+    if protocol == 'tensorflow':
+      return opt, var, _custom_loop_step(opt, var, 'float16')
+
+    def keras3_step(factor):  # Scaled gradients, divided into float32.
+      with tf.GradientTape() as tape:
+        loss = opt.scale_loss(tf.reduce_sum(var * factor))
+      opt.apply(tape.gradient(loss, [var]), [var])
+
+    return opt, var, keras3_step
+
+  def theirs():
+    opt = tf_keras.mixed_precision.LossScaleOptimizer(
+        tf_keras.optimizers.SGD(0.5), initial_scale=1)
+    var = tf.Variable(np.array([1.0, 2.0], np.float16))
+    return opt, var, _custom_loop_step(opt, var, 'float16')
+
+  expected = [([[1.0, 2.0]] * 2, 1.0),  # Skipped: the float16 sum is inf.
+              ([[0.0, 1.0]] * 2, 1.0)]  # The sum 2, at a rate of 0.5.
+  assert _float16_on_replicas(mirrored_strategy, ours) == expected
+  assert _float16_on_replicas(mirrored_strategy, theirs) == expected
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+def test_sums_for_variables_overwritten_with_their_gradient_are_refused(
+    mirrored_strategy):
+  with mirrored_strategy.scope():
+    opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+    var = keras.Variable(np.float32(1.0), name='amax')
+    var.overwrite_with_gradient = True
+    opt.build([var])
+
+  def replica_step():
+    opt.apply_gradients([(tf.constant(2.0), var)])
+
+  with pytest.raises(ValueError, match=r"variables \['amax'\] have "
+                     'overwrite_with_gradient=True .* Train them with '
+                     'tf_loss_scale.keras.LossScaleOptimizer'):
+    mirrored_strategy.run(replica_step)

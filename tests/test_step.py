@@ -62,6 +62,24 @@ def test_apply_step_skips_on_nan_in_an_unscaled_gradient():
   assert float(scale()) == 2.0
 
 
+@pytest.mark.parametrize('sparse', [False, True])
+def test_applied_sums_are_read_as_their_variables_hold_them(sparse):
+  # 80000 is finite in float32 but inf in a float16 variable: skipped. The
+  # same gradient for a float32 variable, or with no dtypes given, applies.
+  scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=4.0)
+  grad = tf.constant([8e4, 1.0])
+  if sparse:
+    grad = tf.IndexedSlices(grad, tf.constant([0, 1]), tf.constant([2]))
+  applied = []
+  for held_as in (['float16'], [tf.float32], None):
+    outcome = step.apply_step([grad], step.LossScaleState(scale),
+                              lambda grads: None, reduces=False,
+                              held_as=held_as)
+    applied.append(bool(outcome.applied))
+  assert applied == [False, True, True]
+  assert float(scale()) == 2.0  # Halved once, by the float16 one.
+
+
 def test_apply_step_with_a_fixed_scale_applies_every_step():
   var = tf.Variable([1.0])
   outcome = step.apply_step(

@@ -145,6 +145,45 @@ def all_reduce_in_replica(grads: Sequence[Any]) -> List[Any]:
   return result
 
 
+def shares_summing_to(sums: Sequence[Any]) -> List[Any]:
+  """This replica's share of `sums`, for an optimizer that sums them again.
+
+  Keras 3's TensorFlow optimizers all-reduce the gradients their `apply` is
+  given in a replica context, and fail in the cross-replica context: they
+  take no sums. Handed these shares instead, they make exactly `sums`: the
+  first replica's share is the sums, every other replica's a negative zero
+  (dense) or no rows (`tf.IndexedSlices`), and `x + -0.0` is `x` for every
+  float `x`, +0, inf and NaN included, in any order of addition. The cost is
+  that second all-reduce of the gradients.
+
+  Args:
+    sums: A list of gradients, the same on every replica (`None` kept).
+
+  Returns:
+    A list like `sums`. With no strategy, or one replica, `sums` itself.
+  """
+  context = tf.distribute.get_replica_context()
+  if (not tf.distribute.has_strategy() or context is None or
+      context.num_replicas_in_sync == 1):
+    return list(sums)
+  replica = context.replica_id_in_sync_group
+  known = tf.get_static_value(replica)
+  first = bool(known == 0) if known is not None else tf.equal(replica, 0)
+
+  def share(grad: Any) -> Any:
+    if grad is None or first is True:
+      return grad
+    if isinstance(grad, tf.IndexedSlices):
+      rows = 0 if first is False else tf.where(
+          first, tf.shape(grad.indices)[0], 0)
+      return tf.IndexedSlices(grad.values[:rows], grad.indices[:rows],
+                              grad.dense_shape)
+    zeros = tf.fill(tf.shape(grad), tf.constant(-0.0, grad.dtype))
+    return zeros if first is False else tf.where(first, grad, zeros)
+
+  return [share(g) for g in sums]
+
+
 def first_replica_value(value: Any) -> Any:
   """The first local replica's component of values met in a merge_call.
 

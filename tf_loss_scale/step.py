@@ -53,12 +53,15 @@ all-reduced ones, and every replica reaches it without exchanging it
   communication) and hands the sums to `apply_fn`. Nothing is reduced
   beyond what the bare optimizer reduces. With `summed=True` the caller
   has made the sums already: the step decides on them as they are and sums
-  nothing.
+  nothing. `held_as` reads each sum as its variable will hold it. (TF
+  2.4-2.15's form hands the sums to a Keras 3 optimizer, which sums what it
+  is given, as `distribute.shares_summing_to`: one more all-reduce.)
 - `reduces=True`: `apply_fn` all-reduces the gradients itself (a Keras 3
   optimizer's `apply`, a `tf.compat.v1` optimizer's `apply_gradients`), and
-  no public API of those optimizers takes sums without summing them again.
-  The step then decides before the sums exist, from each replica's reading
-  of its own gradients, added up (`distribute.read`): a step is applied only
+  no public API of those optimizers takes sums without summing them again
+  (short of a second all-reduce). The step then decides before the sums
+  exist, from each replica's reading of its own gradients, added up
+  (`distribute.read`): a step is applied only
   if every replica's gradients are finite and their sums certainly are (a
   bound, exact unless the replicas' largest magnitudes of a gradient
   together pass its dtype's largest value). When the step divided every
@@ -234,7 +237,8 @@ def apply_step(grads: Sequence[Any],
                summed: bool = False,
                on_skip: Optional[Callable[[List[Any]], Any]] = None,
                names: Optional[Sequence[str]] = None,
-               name: Optional[str] = None) -> Outcome:
+               name: Optional[str] = None,
+               held_as: Optional[Sequence[Any]] = None) -> Outcome:
   """Unscales, decides, applies or skips, and then moves the state.
 
   Call it in a replica context (inside `strategy.run`) or with no strategy.
@@ -261,6 +265,10 @@ def apply_step(grads: Sequence[Any],
     names: One name per gradient for the skip report (see
       `tf_loss_scale.step_record.gradient_names`); by default positions.
     name: The name of `Outcome.op`.
+    held_as: When the step applies sums (`summed`, or `reduces=False`): the
+      dtype of each gradient's variable, or None. A sum in a wider dtype is
+      read as the variable would hold it, so a finite float32 sum that
+      rounds to inf in a float16 variable skips the step.
 
   Returns:
     The step's `Outcome`.
@@ -287,6 +295,8 @@ def apply_step(grads: Sequence[Any],
   if divided_by is not None and not sums:
     read_from = gradients.to_read(handed, grads)
   dividends = read_from is not grads
+  if sums and held_as is not None:
+    read_from = [_as_held(g, d) for g, d in zip(read_from, held_as)]
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
                        read_from: List[Any],
@@ -346,6 +356,20 @@ def unscale_where(grads: List[Any], scaled: Sequence[bool],
   unscaled = gradients.unscale(
       [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
   return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
+
+
+def _as_held(grad: Any, dtype: Any) -> Any:
+  # `grad` as a variable of `dtype` would receive it, where that is narrower.
+  if grad is None or dtype is None:
+    return grad
+  dtype = tf.as_dtype(dtype)
+  values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+  if not dtype.is_floating or dtype.size >= values.dtype.size:
+    return grad
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.cast(values, dtype), grad.indices,
+                            grad.dense_shape)
+  return tf.cast(grad, dtype)
 
 
 def graph_elements(*values: Any) -> List[Union[tf.Tensor, tf.Operation]]:

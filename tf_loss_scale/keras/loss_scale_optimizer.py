@@ -209,6 +209,17 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
         or when the optimizer's variables were not created in the current
         strategy's scope.
     """
+    self._apply(grads, trainable_variables)
+
+  # Whether the inner optimizer gets the gradients summed across replicas
+  # (then it clips the sums), or each replica's, which it sums itself after
+  # clipping them, as under Keras's class.
+  _INNER_GETS_SUMS = False
+
+  def _apply(self, grads: Sequence[Any],
+             trainable_variables: Optional[Sequence[Any]],
+             summed: bool = False) -> None:
+    """`apply`; with `summed`, `grads` are the sums across replicas."""
     where = f'{type(self).__name__}.apply()'
     guards.check_step(where, [self.inner_optimizer])
     keras3_support.check_replicas_are_summed(where)
@@ -222,12 +233,18 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     variables = list(trainable_variables or self._scratch.built_with)
     grads = list(grads)
     scaled = self._scaled_flags(grads, variables)
+    inner_apply = lambda unscaled: self.inner_optimizer.apply(
+        unscaled, trainable_variables=trainable_variables)
+    hands_sums = summed or self._INNER_GETS_SUMS
+    if hands_sums:
+      _refuse_overwritten_on_replicas(variables, where)
+      apply_fn = lambda sums: inner_apply(distribute.shares_summing_to(sums))
     step.apply_step(
-        grads, self._scale_state(),
-        lambda unscaled: self.inner_optimizer.apply(
-            unscaled, trainable_variables=trainable_variables),
-        scaled=scaled, names=step_record.gradient_names(variables),
-        on_skip=lambda _: self._on_skipped_step(scaled is None))
+        grads, self._scale_state(), apply_fn if hands_sums else inner_apply,
+        scaled=scaled, reduces=not hands_sums, summed=summed,
+        names=step_record.gradient_names(variables),
+        on_skip=lambda _: self._on_skipped_step(scaled is None),
+        held_as=[v.dtype for v in variables] if hands_sums else None)
 
   def stateless_apply(
       self, optimizer_variables: Sequence[Any], grads: Sequence[Any],
@@ -476,6 +493,30 @@ def _settings(config: Dict[str, Any]) -> Dict[str, Any]:
   if isinstance(config.get('learning_rate'), numbers.Real):
     config = {k: v for k, v in config.items() if k != 'learning_rate'}
   return config
+
+
+def _refuse_overwritten_on_replicas(variables: Sequence[Any],
+                                    where: str) -> None:
+  """Refuses sums for variables Keras overwrites with their "gradient".
+
+  Raises:
+    ValueError: Under several replicas, if a variable has
+      `overwrite_with_gradient` (float8 scaling factors): each replica's
+      value, not a sum, is what Keras assigns to it.
+  """
+  if not tf.distribute.has_strategy() or (
+      tf.distribute.get_strategy().num_replicas_in_sync == 1):
+    return
+  overwritten = [v.name for v in variables
+                 if getattr(v, 'overwrite_with_gradient', False)]
+  if overwritten:
+    raise ValueError(
+        f'{where} hands the inner optimizer gradients summed across '
+        f'replicas, but the variables {overwritten} have '
+        'overwrite_with_gradient=True (Keras assigns each replica\'s value '
+        'to them, which a sum would multiply). Train them with '
+        'tf_loss_scale.keras.LossScaleOptimizer, which hands each '
+        'replica\'s gradients as Keras\'s class does.')
 
 
 def _index_of(variables: List[Any], wanted: Any) -> int:

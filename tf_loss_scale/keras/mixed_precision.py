@@ -3,10 +3,22 @@
 For custom loops written for `tf.keras.mixed_precision` of TF 2.4-2.15, on
 TensorFlow 2.16 and later. A subclass of the Keras 3 form, so `compile`
 keeps it; see docs/differences.md.
+
+The forwarding rule, the one way settings reach the inner optimizer: once
+constructed, the wrapper reads and writes the inner optimizer's settings
+(the entries of its config but `name`: `learning_rate`, `use_ema`,
+`ema_momentum`, `clipnorm`, `momentum`, ...; `lr` is `learning_rate`) on
+the inner optimizer, as tf_keras's class forwarded its hyperparameters.
+`loss_scale_factor` is the wrapper's and stays None (the wrapper scales
+the loss); `iterations` is the inner optimizer's count and cannot be
+replaced. Any other name is the wrapper's own attribute. Keras's `build`
+on the wrapper sees the wrapper's own settings (the defaults), so it makes
+no second EMA or accumulator copy of the model.
 """
 
+import contextlib
 import numbers
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -23,6 +35,10 @@ _GROWTH_STEPS = 2000
 # Settings of Keras 2 optimizers that Keras 3's do not take, found in the
 # configs of tf_keras's class: their values do nothing in Keras 3.
 _KERAS2_ONLY_SETTINGS = ('jit_compile', 'is_legacy_optimizer')
+# Config entries of a Keras 3 optimizer that are not forwarded settings.
+_NOT_FORWARDED = frozenset({'name', 'loss_scale_factor'})
+# TF 2.4-2.10's other names for forwarded settings.
+_ALIASES = {'lr': 'learning_rate'}
 
 
 class _TakesKerasClassInstances(type(keras.optimizers.LossScaleOptimizer)):
@@ -65,6 +81,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   applies every step, even a non-finite one, as TF 2.4-2.15's did. Config
   and checkpoint layout are tf_keras's.
   """
+
+  # As tf_keras's class: under a strategy, the step sums the gradients across
+  # replicas, decides on the sums, and the inner optimizer clips and applies
+  # the sums (Keras 3's class hands each replica's, clipped before the sum).
+  _INNER_GETS_SUMS = True
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
                dynamic: bool = True, initial_scale: Optional[float] = None,
@@ -112,6 +133,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
           f'got: {dynamic_growth_steps!r} (a fixed scale never grows).')
     if tf.is_tensor(initial_scale) or _is_number(initial_scale):
       initial_scale = float(initial_scale)  # As tf_keras's class keeps it.
+    # Forwarded once constructed (Keras's `__init__` sets its own defaults).
+    object.__setattr__(self, '_forwarded', _forwarded_names(inner_optimizer))
     # Set past Keras's attribute tracking, before Keras's `__init__` sets
     # `dynamic_growth_steps`.
     object.__setattr__(self, '_dynamic', dynamic)
@@ -128,9 +151,49 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     private_api.name_dependencies(self, **layout)
     object.__setattr__(self, '_constructed', True)
 
+  # ---- the forwarding rule (module docstring) ------------------------------
+
+  def __getattribute__(self, name: str) -> Any:
+    own = object.__getattribute__(self, '__dict__')
+    if (name in own.get('_forwarded', ()) and own.get('_constructed') and
+        not own.get('_own_settings')):
+      return getattr(own['inner_optimizer'], _ALIASES.get(name, name))
+    return object.__getattribute__(self, name)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    own = self.__dict__
+    if not own.get('_constructed'):
+      super().__setattr__(name, value)
+      return
+    if name in own['_forwarded']:
+      setattr(own['inner_optimizer'], _ALIASES.get(name, name), value)
+      return
+    if name == 'loss_scale_factor' and value is not None:
+      raise ValueError(
+          f'{type(self).__name__}.loss_scale_factor cannot be set to '
+          f'{value!r}: the wrapper scales the loss itself (with the dynamic '
+          'scale, or initial_scale when dynamic=False), and a factor would '
+          'scale it twice. Construct the wrapper with dynamic=False and '
+          f'initial_scale={value!r} for a fixed scale.')
+    super().__setattr__(name, value)
+
+  @contextlib.contextmanager
+  def _wrapper_settings(self):
+    """Within: the forwarded names read the wrapper's own (default) values.
+
+    For Keras's base machinery run on the wrapper (`build`), which would
+    otherwise copy the model for an inner optimizer's EMA or accumulation.
+    """
+    object.__setattr__(self, '_own_settings', True)
+    try:
+      yield
+    finally:
+      object.__setattr__(self, '_own_settings', False)
+
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
-    super().build(var_list)
+    with self._wrapper_settings():
+      super().build(var_list)
     if self._dynamic:
       # Assigning tracks them, and restores what a checkpoint holds for them.
       self._tf_keras_layout.current_loss_scale = self.dynamic_scale
@@ -175,6 +238,109 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def dynamic_counter(self) -> Optional[tf.Variable]:
     """Finite steps since the scale last changed; None if fixed or unbuilt."""
     return _tf(self.step_counter) if self._dynamic and self.built else None
+
+  def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
+                      name: Optional[str] = None,
+                      skip_gradients_aggregation: bool = False,
+                      **kwargs: Any) -> Any:
+    """Applies the gradients if they are all finite; moves the scale.
+
+    Call it in a replica context (inside `strategy.run`, or with no
+    strategy). The gradients are unscaled unless `scale_loss` was called
+    (`tf_loss_scale.keras.protocols`).
+
+    TF 2.2+'s pattern "all-reduce, clip, then apply" passes
+    `experimental_aggregate_gradients=False` (TF 2.4-2.10) or
+    `skip_gradients_aggregation=True` (TF 2.11-2.15): the gradients given
+    are then the sums across replicas, the same on every replica. The
+    step decides on them as they are, and the inner optimizer applies
+    exactly them (`tf_loss_scale.distribute.shares_summing_to`).
+
+    Args:
+      grads_and_vars: `(gradient, variable)` pairs.
+      name: A name for the step's ops, as TensorFlow's classes took it.
+      skip_gradients_aggregation: Whether the gradients are already summed
+        across replicas.
+      **kwargs: `experimental_aggregate_gradients`: False when the gradients
+        are already summed across replicas.
+
+    Returns:
+      The inner optimizer's `iterations`.
+
+    Raises:
+      TypeError: For another keyword argument.
+      ValueError: As `apply`.
+    """
+    aggregate = kwargs.pop('experimental_aggregate_gradients', True)
+    if kwargs:
+      raise TypeError(
+          f'apply_gradients() got unexpected keyword arguments '
+          f'{sorted(kwargs)}: it takes name, skip_gradients_aggregation and '
+          'experimental_aggregate_gradients.')
+    pairs = list(grads_and_vars)
+    with contextlib.nullcontext() if name is None else tf.name_scope(name):
+      self._apply([g for g, _ in pairs], [v for _, v in pairs],
+                  summed=skip_gradients_aggregation or not aggregate)
+    return self.iterations
+
+  def compute_gradients(self, loss: Any, var_list: Any,
+                        tape: Optional[tf.GradientTape] = None
+                       ) -> List[Tuple[Any, Any]]:
+    """Gradients of `loss`, computed on the scaled loss and then unscaled.
+
+    TensorFlow's protocol for the step: `get_scaled_loss` scales the loss
+    on the tape and `get_unscaled_gradients` divides the gradients, so the
+    next `apply_gradients` takes them as they are returned.
+
+    Args:
+      loss: A zero-argument callable returning the loss, or a loss tensor
+        computed under `tape`.
+      var_list: The variables, or a zero-argument callable returning them
+        (called after `loss`, which may create them).
+      tape: The `tf.GradientTape` that recorded a tensor `loss`; a new one
+        is used for a callable `loss` when None. It records the scaling too,
+        so it must not be recording when this is called.
+
+    Returns:
+      A list of `(unscaled gradient, variable)` pairs, one per variable; a
+      gradient is None where the loss does not depend on its variable.
+
+    Raises:
+      ValueError: If `loss` is a tensor and `tape` is None.
+      RuntimeError: If `scale_loss` was called since the last apply.
+    """
+    if tape is None:
+      if not callable(loss):
+        raise ValueError(
+            f'compute_gradients() got a loss tensor ({loss!r}) and tape=None: '
+            'pass the tf.GradientTape that computed the loss as tape=, or '
+            'pass the loss as a zero-argument callable.')
+      tape = tf.GradientTape()
+    with tape:
+      if callable(loss) and not callable(var_list):
+        # As tf_keras: variables that are not trainable get gradients too.
+        tape.watch([v.value if isinstance(v, keras.Variable) else v
+                    for v in var_list])
+      scaled_loss = self.get_scaled_loss(loss)
+      if callable(scaled_loss):
+        scaled_loss = scaled_loss()
+      if callable(var_list):
+        var_list = var_list()
+    var_list = list(var_list)
+    grads = tape.gradient(scaled_loss, var_list)
+    return list(zip(self.get_unscaled_gradients(grads), var_list))
+
+  def minimize(self, loss: Any, var_list: Any,
+               tape: Optional[tf.GradientTape] = None) -> None:
+    """One step on `loss`: `compute_gradients`, then `apply_gradients`.
+
+    Args:
+      loss, var_list, tape: As `compute_gradients`.
+
+    Raises:
+      As `compute_gradients` and `apply_gradients`.
+    """
+    self.apply_gradients(self.compute_gradients(loss, var_list, tape))
 
   def _on_skipped_step(self, given_unscaled: bool) -> Any:
     # TF 2.4-2.15's custom loops: `iterations` counts skipped steps too.
@@ -226,6 +392,16 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       inner = keras.optimizers.deserialize(inner,
                                            custom_objects=custom_objects)
     return cls(inner, **config)
+
+
+def _forwarded_names(inner: keras.optimizers.Optimizer) -> frozenset:
+  # The forwarding rule's names (module docstring). Made before the Keras 3
+  # form's guards refuse what is not a Keras 3 optimizer, in their words.
+  if not isinstance(inner, keras.optimizers.Optimizer):
+    return frozenset()
+  with tf.init_scope():  # A config reads variables' values.
+    settings = frozenset(inner.get_config())
+  return settings - _NOT_FORWARDED | frozenset(_ALIASES)
 
 
 def _is_number(value: Any) -> bool:
