@@ -36,7 +36,8 @@ class Reading(NamedTuple):
 
 def read(grads: Any, summed: bool = False,
          divided_by: Optional[tf.Tensor] = None,
-         dividends: bool = False) -> Reading:
+         dividends: bool = False,
+         held_as: Optional[Sequence[Any]] = None) -> Reading:
   """Reads a step's gradients once, for its verdict and its skip report.
 
   Every gradient is read by `gradients.read`, once per replica that holds
@@ -74,6 +75,11 @@ def read(grads: Any, summed: bool = False,
       A quotient is NaN or inf where its dividend is; only a scale below 1
       (the Keras forms' never are) could carry a finite dividend past
       float32's largest value.
+    held_as: None, or one dtype (or None) per gradient: that of the
+      variable it will reach. A gradient in a wider float dtype is flagged
+      inf where it, or under a strategy its sum, is past the variable
+      dtype's largest value (a float32 sum of float16 gradients that a
+      float16 variable would receive as inf).
 
   Returns:
     The `Reading`, with one entry per entry of `tf.nest.flatten(grads)`.
@@ -83,6 +89,8 @@ def read(grads: Any, summed: bool = False,
   replicas = strategy.num_replicas_in_sync
   if summed or replicas == 1:
     grads = first_replica_value(grads)
+    if held_as is not None:
+      grads = [_as_held(g, d) for g, d in zip(grads, held_as)]
     return _reading(gradients.read(grads), grads, bound=False)
 
   def read_replica(replica_grads: Any, scale: Optional[tf.Tensor]
@@ -98,7 +106,8 @@ def read(grads: Any, summed: bool = False,
 
   if not tf.distribute.in_cross_replica_context():
     return _reading(tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, read_replica(grads, divided_by)), grads)
+        tf.distribute.ReduceOp.SUM, read_replica(grads, divided_by)), grads,
+                    held_as=held_as)
   tables = strategy.extended.call_for_each_replica(
       read_replica, args=(grads, divided_by))
   local = strategy.experimental_local_results(tables)
@@ -106,19 +115,43 @@ def read(grads: Any, summed: bool = False,
     total = tf.add_n(list(local))
   else:
     total = strategy.reduce(tf.distribute.ReduceOp.SUM, tables, axis=None)
-  return _reading(total, first_replica_value(grads))
+  return _reading(total, first_replica_value(grads), held_as=held_as)
 
 
-def _reading(table: tf.Tensor, grads: List[Any], bound: bool = True
-            ) -> Reading:
+def _reading(table: tf.Tensor, grads: List[Any], bound: bool = True,
+             held_as: Optional[Sequence[Any]] = None) -> Reading:
   # The flags of a table of `gradients.read` (summed over replicas, with
   # magnitudes to `bound` the sums) of `grads` (one replica's).
   inf = table[:, 1] > 0
   if bound:
+    held_as = held_as or [None] * len(grads)
     limits = [float('inf') if g is None else
-              sum_limit(gradients.dense_values(g)[0].dtype) for g in grads]
+              sum_limit(_narrower(gradients.dense_values(g)[0].dtype, d))
+              for g, d in zip(grads, held_as)]
     inf = tf.logical_or(inf, table[:, 2] > tf.constant(limits, tf.float64))
   return Reading(table[:, 0] > 0, inf)
+
+
+def _narrower(dtype: tf.DType, held: Any) -> tf.DType:
+  # The dtype a gradient of `dtype` ends in, given to a variable of `held`.
+  held = None if held is None else tf.as_dtype(held)
+  if held is None or not held.is_floating or held.size >= dtype.size:
+    return dtype
+  return held
+
+
+def _as_held(grad: Any, held: Any) -> Any:
+  # `grad` as a variable of dtype `held` would receive it.
+  if grad is None:
+    return grad
+  values = gradients.dense_values(grad)[0]
+  dtype = _narrower(values.dtype, held)
+  if dtype == values.dtype:
+    return grad
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices,
+                            grad.dense_shape)
+  return tf.cast(grad, dtype)
 
 
 def all_reduce_in_replica(grads: Sequence[Any]) -> List[Any]:

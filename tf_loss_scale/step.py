@@ -53,9 +53,9 @@ all-reduced ones, and every replica reaches it without exchanging it
   communication) and hands the sums to `apply_fn`. Nothing is reduced
   beyond what the bare optimizer reduces. With `summed=True` the caller
   has made the sums already: the step decides on them as they are and sums
-  nothing. `held_as` reads each sum as its variable will hold it. (TF
-  2.4-2.15's form hands the sums to a Keras 3 optimizer, which sums what it
-  is given, as `distribute.shares_summing_to`: one more all-reduce.)
+  nothing. (TF 2.4-2.15's form hands the sums to a Keras 3 optimizer, which
+  sums what it is given, as `distribute.shares_summing_to`: one more
+  all-reduce.)
 - `reduces=True`: `apply_fn` all-reduces the gradients itself (a Keras 3
   optimizer's `apply`, a `tf.compat.v1` optimizer's `apply_gradients`), and
   no public API of those optimizers takes sums without summing them again
@@ -64,7 +64,10 @@ all-reduced ones, and every replica reaches it without exchanging it
   (`distribute.read`): a step is applied only
   if every replica's gradients are finite and their sums certainly are (a
   bound, exact unless the replicas' largest magnitudes of a gradient
-  together pass its dtype's largest value). When the step divided every
+  together pass its dtype's largest value).
+- Either way, with `held_as` a sum is finite only if it is in its
+  variable's dtype too: a Keras 3 optimizer casts a float32 sum of float16
+  gradients back to its float16 variable. When the step divided every
   gradient by a scale of at least twice the number of replicas, being
   finite is that bound, and the gradients are read for nothing more.
 
@@ -265,10 +268,10 @@ def apply_step(grads: Sequence[Any],
     names: One name per gradient for the skip report (see
       `tf_loss_scale.step_record.gradient_names`); by default positions.
     name: The name of `Outcome.op`.
-    held_as: When the step applies sums (`summed`, or `reduces=False`): the
-      dtype of each gradient's variable, or None. A sum in a wider dtype is
-      read as the variable would hold it, so a finite float32 sum that
-      rounds to inf in a float16 variable skips the step.
+    held_as: The dtype of each gradient's variable, or None: a gradient
+      (or sum across replicas) is read as the variable will receive it, so
+      a finite float32 sum that is inf in a float16 variable skips the step
+      (`distribute.read`).
 
   Returns:
     The step's `Outcome`.
@@ -295,8 +298,6 @@ def apply_step(grads: Sequence[Any],
   if divided_by is not None and not sums:
     read_from = gradients.to_read(handed, grads)
   dividends = read_from is not grads
-  if sums and held_as is not None:
-    read_from = [_as_held(g, d) for g, d in zip(read_from, held_as)]
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
                        read_from: List[Any],
@@ -304,7 +305,8 @@ def apply_step(grads: Sequence[Any],
     # The one reading of the gradients, made when the verdict or the report
     # first asks for it.
     reading = functools.lru_cache(maxsize=None)(lambda: distribute.read(
-        read_from, summed=sums, divided_by=divided_by, dividends=dividends))
+        read_from, summed=sums, divided_by=divided_by, dividends=dividends,
+        held_as=held_as))
     decision = state.decide(grads, lambda: reading().finite)
     report = state.skip_reporter(names, reading)
 
@@ -356,20 +358,6 @@ def unscale_where(grads: List[Any], scaled: Sequence[bool],
   unscaled = gradients.unscale(
       [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
   return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
-
-
-def _as_held(grad: Any, dtype: Any) -> Any:
-  # `grad` as a variable of `dtype` would receive it, where that is narrower.
-  if grad is None or dtype is None:
-    return grad
-  dtype = tf.as_dtype(dtype)
-  values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-  if not dtype.is_floating or dtype.size >= values.dtype.size:
-    return grad
-  if isinstance(grad, tf.IndexedSlices):
-    return tf.IndexedSlices(tf.cast(values, dtype), grad.indices,
-                            grad.dense_shape)
-  return tf.cast(grad, dtype)
 
 
 def graph_elements(*values: Any) -> List[Union[tf.Tensor, tf.Operation]]:

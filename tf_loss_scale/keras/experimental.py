@@ -303,7 +303,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         scaled=self._scaled_flags(grads, variables), reduces=inner_sums,
         summed=summed, on_skip=lambda _: self._on_skipped_step(),
         names=(None if variables is None else
-               step_record.gradient_names(variables)))
+               step_record.gradient_names(variables)),
+        held_as=None if variables is None else [v.dtype for v in variables])
     # Eagerly the step has run; in a tf.function its ops run in program
     # order. In a TF1 graph, the one op every replica returns, which a
     # Session can run (TF 2.3's one-op contract).

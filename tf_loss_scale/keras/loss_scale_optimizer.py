@@ -244,7 +244,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
         scaled=scaled, reduces=not hands_sums, summed=summed,
         names=step_record.gradient_names(variables),
         on_skip=lambda _: self._on_skipped_step(scaled is None),
-        held_as=[v.dtype for v in variables] if hands_sums else None)
+        held_as=[v.dtype for v in variables])
 
   def stateless_apply(
       self, optimizer_variables: Sequence[Any], grads: Sequence[Any],
