@@ -165,3 +165,46 @@ def test_isinstance_train_step_trains_after_install_as_tf_keras_class_does():
                       for legacy in (False, True))
   assert keras3 == tf_keras
   assert (keras3['loss_scale'], keras3['iterations']) == (512.0, 24)
+
+
+_COMPILE_MADE = '''
+import json, keras, tensorflow as tf, tf_loss_scale.compat as compat
+from tf_loss_scale.keras import mixed_precision as tf24
+
+def compiled(optimizer, **kwargs):
+  model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+  model.compile(optimizer=optimizer, loss='mse', **kwargs)
+  return model.optimizer
+
+tf.keras.mixed_precision.set_global_policy('mixed_float16')
+compat.install()
+inner = keras.optimizers.SGD(0.1)
+made = compiled(inner)
+own = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), 256.0)
+result = {
+    'made': type(made) is tf24.LossScaleOptimizer,
+    'same inner': made.inner_optimizer is inner,
+    'settings': [made.name, made.initial_scale, made.dynamic_growth_steps],
+    'isinstance': isinstance(made, tf.keras.mixed_precision.LossScaleOptimizer),
+    'a wrapper passed is kept': compiled(own) is own,
+    'no scaling asked, none added': type(
+        compiled(keras.optimizers.SGD(0.1), auto_scale_loss=False)
+    ) is keras.optimizers.SGD,
+}
+compat.uninstall()
+result['Keras made after uninstall'] = type(
+    compiled(keras.optimizers.SGD(0.1))) is keras.optimizers.LossScaleOptimizer
+print(json.dumps(result))
+'''
+
+
+@KERAS3_CHILD
+def test_compile_made_keras_wrapper_is_replaced_only_while_installed():
+  result = fresh_process.run_json(['-c', _COMPILE_MADE])
+  assert result == {
+      'made': True, 'same inner': True,
+      # Keras's name and defaults for the wrapper compile makes.
+      'settings': ['loss_scale_optimizer', 32768.0, 2000],
+      'isinstance': True, 'a wrapper passed is kept': True,
+      'no scaling asked, none added': True,
+      'Keras made after uninstall': True}

@@ -39,10 +39,12 @@ def install(override: bool = False) -> None:
 
   TF 2.3's `tf.keras.mixed_precision.experimental` (reachable by attribute
   and by `import`, also from `keras`/`tf_keras` and `tf.compat.v1.keras`
-  except on TF 2.12), `Model.compile` applying the `Policy`'s loss scale,
-  on Keras 3 TF 2.4-2.15's `mixed_precision.LossScaleOptimizer`, and the
-  loss scales and graph rewrite in `tf.train.experimental` and
-  `tf.mixed_precision.experimental`. Idempotent: to change `override`,
+  except on TF 2.12); `compile`, replaced on the Keras class that defines
+  it (where Keras's loader looks), applying the `Policy`'s loss scale; on
+  Keras 3 TF 2.4-2.15's `mixed_precision.LossScaleOptimizer`, which
+  `compile` then makes where it made Keras's; and the loss scales and graph
+  rewrite in `tf.train.experimental` and `tf.mixed_precision.experimental`.
+  docs/differences.md lists every name. Idempotent: to change `override`,
   call `uninstall()` first.
 
   Args:
