@@ -91,7 +91,10 @@ def _groups(scratch: str) -> List[Group]:
   base_env.pop('TF_USE_LEGACY_KERAS', None)
   keras = Group(
       'keras',
-      ['-c', ini, '--rootdir', scratch, '--confcutdir', keras_dir,
+      # rootdir: the directory holding the keras package, so that test
+      # ids name their modules (keras/src/...).
+      ['-c', ini, '--rootdir', os.path.dirname(keras_dir),
+       '--confcutdir', keras_dir,
        '-p', 'no:cacheprovider', '-q', '-o', 'addopts=', *files],
       dict(base_env, KERAS_BACKEND='tensorflow'), scratch)
   tf_keras = Group(
@@ -118,18 +121,33 @@ def _outcomes(junit: str) -> Dict[str, str]:
   return outcomes
 
 
+def _read(path: str) -> str:
+  if not os.path.exists(path):
+    return ''
+  with open(path) as f:
+    return f.read()
+
+
 def _run(group: Group, install: bool, logs: str) -> Dict[str, str]:
   label = f'{group.name}-{"install" if install else "plain"}'
   junit = os.path.join(logs, f'keras-tests-{label}.xml')
   args = [sys.executable, '-m', 'pytest', *group.args,
           f'--junitxml={junit}']
+  env = dict(group.env)
+  marker = os.path.join(logs, f'keras-tests-{label}.installed')
+  if os.path.exists(marker):
+    os.remove(marker)
   if install:
     args[3:3] = ['-p', 'install_compat_plugin']
+    env['TF_LOSS_SCALE_CI_INSTALLED'] = marker
   start = time.monotonic()
   with open(os.path.join(logs, f'keras-tests-{label}.log'), 'w') as log:
-    done = subprocess.run(args, env=group.env, cwd=group.cwd, stdout=log,
+    done = subprocess.run(args, env=env, cwd=group.cwd, stdout=log,
                           stderr=subprocess.STDOUT, check=False)
   seconds = time.monotonic() - start
+  if install and not _read(marker).startswith('True'):
+    print(f'{label}: the plugin did not report install() in effect')
+    return {}
   outcomes = _outcomes(junit) if os.path.exists(junit) else {}
   counts = {}
   for outcome in outcomes.values():
