@@ -1,9 +1,10 @@
 """Prints what CI ran per TensorFlow version: versions, results, skips.
 
 `python3 summarize.py LOGS_DIR`: reads the pytest logs (`suite-NAME.log`,
-run with `-rs`) and pip freezes (`freeze-NAME-after.txt`) that .ci/run wrote
-and the install checks' logs, and prints one line per run, the skip reasons
-per run, and a closing total. Exits 1 if a suite log has no pytest result.
+run with `-rs`) and pip freezes (`freeze-NAME-after.txt`) that .ci/run wrote,
+the install checks' logs and the comparison of test files with and without
+`compat.install()` (`with-install.log`), and prints one line per run, the
+skip reasons per run, that comparison, and a closing total. Exits 1 if a suite log has no pytest result.
 """
 
 import collections
@@ -17,8 +18,8 @@ _RUNS = {
     'tf212': ('tf212', 'heavy files left to readme'),
     'tf215': ('tf215', 'heavy files left to readme'),
     'tf216': ('tf216', 'heavy files left to readme'),
-    'tf216-legacy': ('tf216', 'TF_USE_LEGACY_KERAS=1; heavy files left to '
-                     'readme'),
+    'tf221-legacy': ('readme', 'the README\'s .venv, TF_USE_LEGACY_KERAS=1; '
+                     'heavy files left to readme'),
 }
 _RESULT = re.compile(r'^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s')
 _SKIPPED = re.compile(r'^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$')
@@ -86,6 +87,12 @@ def main(logs):
   if checks:
     print('Installing the checkout left every installed package as it was: '
           + ', '.join(checks))
+  comparison = os.path.join(logs, 'with-install.log')
+  if os.path.exists(comparison):
+    print('Test files plainly and with compat.install() '
+          '(.ci/keras_tests_with_install.py):')
+    with open(comparison, errors='replace') as f:
+      print(''.join('  ' + line for line in f))
   for run in missing:
     print(f'{run}: pytest printed no result line (it did not finish)')
   # Errors (a test's setup failed) count as failures.

@@ -15,6 +15,7 @@ A program declares in its header comments how it runs:
     # Runs after: compat.install()       or compat.install(override=True)
     # Keras: yes                         or no
     # Needs: tf.estimator                a name some TensorFlows lack
+    # Needs: Keras 3                     `import keras` is Keras 3
     # Resumes: yes                       run twice in one directory, the
                                          first time under Keras 2's class
 The programs start together when the first test asks, two at a time.
@@ -52,6 +53,7 @@ _NEEDS = {
         versions.TF < (2, 16),
         'tf.estimator was removed in TensorFlow 2.16 '
         f'(here {".".join(map(str, versions.TF))})'),
+    'Keras 3': versions.KERAS_3,
 }
 # A program that resumes first runs where the TF 2.4 API is Keras 2's own
 # class: TensorFlow's on 2.15 and earlier, tf_keras's (TF_USE_LEGACY_KERAS=1)

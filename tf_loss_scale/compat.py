@@ -39,10 +39,12 @@ def install(override: bool = False) -> None:
 
   TF 2.3's `tf.keras.mixed_precision.experimental` (reachable by attribute
   and by `import`, also from `keras`/`tf_keras` and `tf.compat.v1.keras`
-  except on TF 2.12), `Model.compile` applying the `Policy`'s loss scale,
-  on Keras 3 TF 2.4-2.15's `mixed_precision.LossScaleOptimizer`, and the
-  loss scales and graph rewrite in `tf.train.experimental` and
-  `tf.mixed_precision.experimental`. Idempotent: to change `override`,
+  except on TF 2.12); `compile`, replaced on the Keras class that defines
+  it (where Keras's loader looks), applying the `Policy`'s loss scale; on
+  Keras 3 TF 2.4-2.15's `mixed_precision.LossScaleOptimizer`, which
+  `compile` then makes where it made Keras's; and the loss scales and graph
+  rewrite in `tf.train.experimental` and `tf.mixed_precision.experimental`.
+  docs/differences.md lists every name. Idempotent: to change `override`,
   call `uninstall()` first.
 
   Args:
@@ -62,13 +64,23 @@ def install(override: bool = False) -> None:
          for name in experimental.POLICY_NAMES})
   for namespace in mixed_precision:
     _attach_module(namespace, 'experimental', keras_experimental)
-  _replace(tf.keras.Model, 'compile',
-           experimental_policy.compile_with_policy_loss_scale(
-               tf.keras.Model.compile))
+  # On Keras 3, TF 2.4-2.15's class takes the `mixed_precision` name, and
+  # `compile` puts it where it made Keras's (see
+  # `compile_with_policy_loss_scale`).
+  tf24 = None
   if families.is_keras3(tf.keras):
-    # TF 2.4-2.15's class where the name is Keras 3's (stateless); Keras's
-    # internals (`keras.optimizers`, `compile`) keep Keras's own.
     from tf_loss_scale.keras import mixed_precision as tf24
+  # On the class that defines `compile`: Keras's loader compares a model's
+  # `compile` with that class's and skips restoring the optimizer and loss
+  # of a model whose `compile` differs (a user's own, it assumes).
+  compile_owner = _defining_class(tf.keras.Model, 'compile')
+  _replace(compile_owner, 'compile',
+           experimental_policy.compile_with_policy_loss_scale(
+               vars(compile_owner)['compile'],
+               tf24_form=getattr(tf24, 'LossScaleOptimizer', None)))
+  if tf24 is not None:
+    # TF 2.4-2.15's class where the name is Keras 3's (stateless);
+    # `keras.optimizers.LossScaleOptimizer` keeps Keras's own.
     for namespace in mixed_precision:
       if hasattr(getattr(namespace, 'LossScaleOptimizer', None),
                  'stateless_apply'):
@@ -135,6 +147,11 @@ def _keras_mixed_precision_modules() -> List[types.ModuleType]:
              tf.compat.v1.keras.mixed_precision]
   return [m for i, m in enumerate(modules)
           if m not in modules[:i] and _forgets_attributes(m)]
+
+
+def _defining_class(cls: type, name: str) -> type:
+  """The first class in `cls`'s MRO whose own namespace holds `name`."""
+  return next(c for c in cls.__mro__ if name in vars(c))
 
 
 def _forgets_attributes(namespace: Any) -> bool:

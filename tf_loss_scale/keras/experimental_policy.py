@@ -1,7 +1,8 @@
 """TF 2.1-2.3's dtype `Policy` with a loss scale, and `compile` applying it.
 
 On the Keras that `tf.keras` is; `compat.install()` puts these under TF 2.3's
-names and wraps `Model.compile` with `compile_with_policy_loss_scale`.
+names and wraps `compile` (on the class that defines it) with
+`compile_with_policy_loss_scale`.
 """
 
 import functools
@@ -91,17 +92,38 @@ def get_layer_policy(layer: Any) -> Any:
   return layer.dtype_policy
 
 
-def compile_with_policy_loss_scale(compile_fn: Callable[..., Any]
-                                  ) -> Callable[..., Any]:
+def compile_with_policy_loss_scale(
+    compile_fn: Callable[..., Any], tf24_form: Optional[type] = None
+) -> Callable[..., Any]:
   """Wraps `Model.compile` to apply the loss scale of the model's `Policy`.
 
   As TF 2.3's did: the optimizer of a model whose `Policy` has a loss scale
   is wrapped in the experimental `LossScaleOptimizer` with it, unless it is
   a loss scale optimizer; with a `Policy` without one, Keras 3 is told not
   to add its own.
+
+  With `tf24_form` (on Keras 3, where `compat.install()` names it
+  `tf.keras.mixed_precision.LossScaleOptimizer`), a Keras
+  `LossScaleOptimizer` that `compile` itself made (under `mixed_float16`)
+  is replaced by `tf24_form` with the same inner optimizer, settings and
+  name: code of TF 2.4-2.15 asks whether the compiled optimizer is an
+  instance of that name, and would otherwise take its branch for a model
+  without loss scaling. Keras records the optimizer it was given in the
+  model's compile config, so saved models do not name `tf24_form`.
+
+  Args:
+    compile_fn: The `compile` to wrap, a function taking the model first.
+    tf24_form: The class that replaces a compile-made Keras 3
+      `LossScaleOptimizer`, or None to keep Keras's.
+
+  Returns:
+    The wrapping function, to be set as `compile` on the class that
+    defines `compile_fn`.
   """
   can_refuse_scaling = 'auto_scale_loss' in inspect.signature(
       compile_fn).parameters
+  keras_wrapper = (getattr(_keras.optimizers, 'LossScaleOptimizer', None)
+                   if tf24_form is not None else None)
 
   @functools.wraps(compile_fn)
   def compile(model, optimizer='rmsprop', *args, **kwargs):  # pylint: disable=redefined-builtin
@@ -113,6 +135,15 @@ def compile_with_policy_loss_scale(compile_fn: Callable[..., Any]
                                                     policy.loss_scale)
     elif isinstance(policy, Policy) and can_refuse_scaling:
       kwargs.setdefault('auto_scale_loss', False)
-    return compile_fn(model, optimizer, *args, **kwargs)
+    result = compile_fn(model, optimizer, *args, **kwargs)
+    made = getattr(model, 'optimizer', None)
+    # Exactly Keras's class (a subclass is someone's choice), and not the
+    # one the caller passed.
+    if (keras_wrapper is not None and type(made) is keras_wrapper and
+        made is not optimizer):
+      model.optimizer = tf24_form(
+          made.inner_optimizer, initial_scale=made.initial_scale,
+          dynamic_growth_steps=made.dynamic_growth_steps, name=made.name)
+    return result
 
   return compile
