@@ -47,4 +47,6 @@ assert int(global_step) == (0 if keras3 else 3), int(global_step)
 assert abs(float(var[0]) - 0.8 ** 3) < 1e-6, float(var[0])
 print(json.dumps({'refused': refusal is not None,
                   'global_step': int(global_step),
-                  'iterations': int(opt.iterations)}))
+                  'iterations': int(opt.iterations),
+                  'optimizer_class': (f'{type(opt).__module__}.'
+                                      f'{type(opt).__qualname__}')}))

@@ -66,4 +66,6 @@ for a, b in zip(model.get_weights(), loaded.get_weights()):
   np.testing.assert_array_equal(a, b)
 assert int(loaded.optimizer.iterations) == 24
 print(json.dumps({'optimizer': type(loaded.optimizer).__name__,
-                  'iterations': 24, 'loss_after_resume': losses[1]}))
+                  'iterations': 24, 'loss_after_resume': losses[1],
+                  'optimizer_class': (f'{type(loaded.optimizer).__module__}.'
+                                      f'{type(loaded.optimizer).__qualname__}')}))

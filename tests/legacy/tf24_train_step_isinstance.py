@@ -59,4 +59,6 @@ assert (scale, iterations) == (512.0, 24), (scale, iterations)
 assert losses[-1] < losses[0] / 10, losses
 print(json.dumps({'loss_scale': scale, 'iterations': iterations,
                   'losses': losses,
-                  'weights': [w.ravel().tolist() for w in model.get_weights()]}))
+                  'weights': [w.ravel().tolist() for w in model.get_weights()],
+                  'optimizer_class': (f'{type(opt).__module__}.'
+                                      f'{type(opt).__qualname__}')}))
