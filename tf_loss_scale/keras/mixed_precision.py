@@ -11,11 +11,11 @@ from typing import Any, Dict, Optional
 import keras
 import tensorflow as tf
 
-from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale.keras import keras3_support
 from tf_loss_scale.keras import loss_scale_optimizer
 from tf_loss_scale.keras import protocols
+from tf_loss_scale.keras import tf_keras_checkpoints
 
 # TF 2.4-2.15's defaults for a dynamic scale.
 _INITIAL_SCALE = 2.0**15
@@ -28,6 +28,7 @@ _KERAS2_ONLY_SETTINGS = ('jit_compile', 'is_legacy_optimizer')
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.mixed_precision', name='LossScaleOptimizer')
 class LossScaleOptimizer(protocols.TwoProtocols,
+                         tf_keras_checkpoints.TfKerasCheckpointLayout,
                          loss_scale_optimizer.LossScaleOptimizer):
   """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
 
@@ -97,21 +98,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         inner_optimizer,
         _INITIAL_SCALE if initial_scale is None else initial_scale,
         dynamic_growth_steps or _GROWTH_STEPS, name=name)
-    # tf_keras's checkpoint layout, as second paths to the same variables.
-    object.__setattr__(self, '_tf_keras_layout', tf.Module())
-    layout = {'loss_scale': self._tf_keras_layout} if dynamic else {}
-    if hasattr(self.inner_optimizer.iterations, 'assign'):  # Not computed.
-      layout['_iterations'] = self.inner_optimizer.iterations
-    private_api.name_dependencies(self, **layout)
+    self._start_tf_keras_layout(dynamic)
     object.__setattr__(self, '_constructed', True)
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
+    held = self._hold_inner_restorations()
     super().build(var_list)
-    if self._dynamic:
-      # Assigning tracks them, and restores what a checkpoint holds for them.
-      self._tf_keras_layout.current_loss_scale = self.dynamic_scale
-      self._tf_keras_layout.good_steps = self.step_counter
+    self._finish_tf_keras_layout(self.dynamic_scale, self.step_counter, held)
 
   dynamic = property(lambda self: self._dynamic,
                      doc='Whether the loss scale is dynamic.')
