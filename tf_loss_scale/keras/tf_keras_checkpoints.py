@@ -38,6 +38,7 @@ Keras 3 optimizer (Keras 3's SGD: once built, as it replaces its
 """
 
 from typing import Any, Dict, List, Optional
+import weakref
 
 import tensorflow as tf
 
@@ -84,10 +85,13 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
     # Set past Keras's attribute tracking: nodes of the checkpoint only.
     object.__setattr__(self, '_tf_keras_loss_scale',
                        tf.Module() if dynamic else None)
+    # Through a weak reference: a cycle would keep a dropped wrapper alive,
+    # and its inner optimizer wrapped (`guards`).
+    owner = weakref.ref(self)
     object.__setattr__(self, '_tf_keras_variables',
                        private_api.IndexedChildren(
-                           self._tf_keras_variables_to_save,
-                           self._tf_keras_variable_to_restore))
+                           lambda: owner()._tf_keras_variables_to_save(),
+                           lambda i: owner()._tf_keras_variable_to_restore(i)))
     object.__setattr__(self, '_restore_visit', None)
     object.__setattr__(self, '_restoring_keras3_layout', False)
 
