@@ -37,7 +37,7 @@ Keras 3 optimizer (Keras 3's SGD: once built, as it replaces its
 `momentums` list when it builds).
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 import weakref
 
 import tensorflow as tf
@@ -206,9 +206,9 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
     builds after restoring in Keras 3's order (the learning rate second),
     into another slot of the same shape; tf_keras reads slots by name.
     """
-    named = self._variables_with_names()
+    named = self._ids_with_names()
     return {i: v for i, v in enumerate(self._tf_keras_variable_list())
-            if i == 0 or not any(v is n for n in named)}
+            if i == 0 or id(v) not in named}
 
   def _tf_keras_variable_to_restore(self, index: int) -> Optional[Any]:
     """What restores `_variables/{index}` of a checkpoint; None to wait."""
@@ -224,7 +224,7 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
       # its build, by position only; they are the same variables as by
       # name, when both exist.
       return variable
-    if any(variable is n for n in self._variables_with_names()):
+    if id(variable) in self._ids_with_names():
       return None  # Restored by kind and variable, by its name.
     return variable
 
@@ -256,12 +256,15 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
             not getattr(inner, 'use_ema', False) and
             not getattr(inner, 'gradient_accumulation_steps', None))
 
-  def _variables_with_names(self) -> List[Any]:
-    """The inner optimizer's variables that a name of its own reaches."""
-    found = []
+  def _ids_with_names(self) -> Set[int]:
+    """`id`s of the inner's variables that a name of its own reaches.
+
+    (The inner optimizer holds them: an `id` is not reused meanwhile.)
+    """
+    found = set()
     for name, child in self._inner_children().items():
       if name in _KERAS3_ONLY or name == '_variables':
         continue
-      found.append(child)
-      found.extend(private_api.checkpoint_children(child).values())
+      found.add(id(child))
+      found.update(map(id, private_api.checkpoint_children(child).values()))
     return found
