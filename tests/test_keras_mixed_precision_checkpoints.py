@@ -429,3 +429,37 @@ def test_tf_keras_adafactor_by_position_is_refused_with_nothing_restored(
     if build_first:
       assert all(not np.any(_value(w)) for w in weights)
     assert int(_value(ours.iterations)) == 0
+
+
+@pytest.mark.parametrize('build_first', [True, False],
+                         ids=['built', 'deferred'])
+def test_checkpoints_of_the_earlier_layout_still_restore(build_first,
+                                                         tmp_path):
+  # Before it took tf_keras's layout this class saved Keras 3's (the inner
+  # optimizer under `inner_optimizer`, `dynamic_scale`, `step_counter`)
+  # with tf_keras's loss scale names and the inner count at `_iterations`
+  # added: made here from the Keras 3 form, as that class was.
+  from tf_loss_scale import private_api  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras import loss_scale_optimizer  # pylint: disable=g-import-not-at-top
+  source = _Run('ours', 'adam', wrapped=False)
+  earlier = loss_scale_optimizer.LossScaleOptimizer(source.inner, **_SCALE)
+  variables = list(source.weights.values())
+  for factor in _FACTORS:
+    with tf.GradientTape() as tape:
+      loss = earlier.scale_loss(tf.reduce_sum(source.model(_X)) * factor)
+    earlier.apply(tape.gradient(loss, variables), variables)
+  names = tf.Module()
+  names.current_loss_scale = earlier.dynamic_scale
+  names.good_steps = earlier.step_counter
+  private_api.name_dependencies(earlier, loss_scale=names,
+                                _iterations=source.inner.iterations)
+  path = tf.train.Checkpoint(model=tf.train.Checkpoint(**source.weights),
+                             optimizer=earlier).write(str(tmp_path / 'ck'))
+  saved = source.state()  # Keras 3's protocol counts applied steps: 4.
+  assert saved['iterations'] == 4
+
+  target = _Run('ours', 'adam', start=_zeros())
+  _restore(target, path, build_first).assert_existing_objects_matched()
+  _assert_same_state(_without_loss_scale(target.state()), saved)
+  assert (target.state()['loss_scale'], target.state()['good_steps']) == (
+      1024.0, 1)
