@@ -4,7 +4,7 @@ The rest of the library calls these where no public API does the job.
 """
 
 import re
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import tensorflow as tf
 
@@ -66,10 +66,8 @@ def name_dependencies(wrapper: Any, **children: Any) -> None:
   dependency after its attribute. Why: TensorFlow's v1 wrapper names its
   dependencies `base_optimizer` and `loss_scale`, tf_keras's Keras wrapper
   names one `loss_scale`, and checkpoints interchange only if ours use the
-  same names. A name already taken goes to the new child: Keras 3's wrapper
-  holds its own, unused count at `_iterations`, where tf_keras's holds the
-  inner optimizer's. `tests/test_checkpointing.py` fails if TensorFlow
-  changes the hook.
+  same names. A name already taken goes to the new child.
+  `tests/test_checkpointing.py` fails if TensorFlow changes the hook.
 
   Args:
     wrapper: The wrapper (a trackable optimizer).
@@ -93,33 +91,162 @@ class DelegatesCheckpointToInner:
   optimizer does (the same dependencies, slots and values) with one more
   dependency, `loss_scale`. A checkpoint then moves between the wrapper and
   the bare inner optimizer in both directions. The inner optimizer itself is
-  not a node of the checkpoint: the wrapper stands in for it.
+  not a node of the checkpoint: the wrapper stands in for it. tf_keras's
+  `mixed_precision.LossScaleOptimizer` does the same.
 
-  A subclass has `inner_optimizer` and `loss_scale`.
+  A subclass has `inner_optimizer` and `loss_scale`. One that saves another
+  layout rewrites the inner optimizer's dependencies
+  (`_checkpoint_children`) and answers the names a checkpoint asks for
+  (`_checkpoint_dependency`); one whose SavedModels keep its own
+  dependencies sets `_delegates_saved_model` to False.
   """
+
+  _delegates_saved_model = True
 
   def _trackable_children(self, save_type='checkpoint', **kwargs
                          ) -> Dict[str, Any]:
     # What TensorFlow saves under this object (and walks when restoring):
     # the inner optimizer's dependencies, plus the loss scale.
-    children = dict(self.inner_optimizer._trackable_children(  # pylint: disable=protected-access
-        save_type, **kwargs))
-    children['loss_scale'] = self.loss_scale
-    return children
+    if (not self._delegates_saved_model and
+        getattr(save_type, 'value', save_type) == 'savedmodel'):
+      return super()._trackable_children(save_type, **kwargs)
+    return self._checkpoint_children(dict(
+        self.inner_optimizer._trackable_children(  # pylint: disable=protected-access
+            save_type, **kwargs)))
+
+  def _checkpoint_children(self, inner_children: Dict[str, Any]
+                          ) -> Dict[str, Any]:
+    """The wrapper's dependencies, given its inner optimizer's (by name)."""
+    inner_children['loss_scale'] = self.loss_scale
+    return inner_children
 
   def _lookup_dependency(self, name: str, cached_dependencies=None) -> Any:
     # How restoring finds the object saved under `name` (TensorFlow <= 2.12
     # passes no cache).
     if cached_dependencies is None:
       cached_dependencies = self._trackable_children()
-    return cached_dependencies.get(name)
+    return self._checkpoint_dependency(name, cached_dependencies)
+
+  def _checkpoint_dependency(self, name: str, children: Dict[str, Any]
+                            ) -> Any:
+    """The object that restores what a checkpoint saved under `name`.
+
+    Args:
+      name: A dependency name found in the checkpoint being restored.
+      children: This object's `_trackable_children()` of that restore.
+
+    Returns:
+      The object, or None to leave the values to whatever is created under
+      that name later (`_deferred_dependencies`).
+    """
+    return children.get(name)
 
   @property
   def _deferred_dependencies(self) -> Dict[str, Any]:
     # Where restoring leaves the values of dependencies that do not exist
     # yet (an optimizer creates its hyperparameters and slots on its first
     # step): the inner optimizer's own, which it reads when it creates them.
-    return self.inner_optimizer._deferred_dependencies  # pylint: disable=protected-access
+    # (Keras's constructor tracks variables before it sets the inner one.)
+    inner = getattr(self, 'inner_optimizer', None)
+    if inner is None:
+      return super()._deferred_dependencies
+    return inner._deferred_dependencies  # pylint: disable=protected-access
+
+
+def checkpoint_children(trackable: Any) -> Dict[str, Any]:
+  """The dependencies `trackable` saves in a checkpoint, by name.
+
+  Hook: `Trackable._trackable_children()`, the method TensorFlow's
+  checkpoints call (see `DelegatesCheckpointToInner`); no public API lists
+  an object's dependencies. Why: a wrapper that saves its inner optimizer in
+  another Keras's layout must know which of its variables the inner
+  optimizer also saves under a name (`tf_loss_scale.keras.
+  tf_keras_checkpoints`).
+
+  Args:
+    trackable: Any trackable object.
+
+  Returns:
+    Its dependencies by name; empty for an object that is not trackable.
+  """
+  children = getattr(trackable, '_trackable_children', None)
+  return dict(children()) if callable(children) else {}
+
+
+def deferred_restorations(trackable: Any) -> Dict[str, List[Any]]:
+  """What restores left on `trackable` for dependencies it does not have yet.
+
+  Hook: `Trackable._deferred_dependencies`, the dict (name -> checkpoint
+  positions) that TensorFlow fills when a checkpoint holds a dependency the
+  object lacks, and reads when the object tracks one of that name. Why:
+  Keras 3's SGD names an empty `momentums` list and then replaces it, and a
+  replacement is not given what the first list took; a wrapper holds these
+  values while its inner optimizer builds (`tf_loss_scale.keras.
+  tf_keras_checkpoints`). tests/test_keras_mixed_precision_checkpoints.py
+  fails if TensorFlow changes it.
+
+  Args:
+    trackable: A trackable object.
+
+  Returns:
+    The dict itself (changing it changes what the object will restore).
+  """
+  return trackable._deferred_dependencies  # pylint: disable=protected-access
+
+
+def restore_deferred(trackable: Any, name: str, child: Any) -> None:
+  """Restores into `child` what restores left on `trackable` under `name`.
+
+  Hook: `Trackable._handle_deferred_dependencies(name, child)`, which
+  TensorFlow runs when an object tracks a new dependency. Why: see
+  `deferred_restorations`.
+
+  Args:
+    trackable: The object the values were left on.
+    name: The dependency name they were saved under.
+    child: The object that now stands under that name.
+  """
+  trackable._handle_deferred_dependencies(name, child)  # pylint: disable=protected-access
+
+
+class IndexedChildren(tf.__internal__.tracking.Trackable):
+  """A checkpoint node with a list's layout: its children are '0', '1', ...
+
+  Hooks: `_trackable_children` and `_lookup_dependency` as in
+  `DelegatesCheckpointToInner`, and `restore_deferred`, with which it hands
+  an object created after a restore the values that restore left for it. Why: tf_keras's optimizers save
+  their variables as a list that Keras 3's optimizers order otherwise; a
+  node of that layout has to be made of Keras 3's variables.
+  """
+
+  def __init__(self, saved: Callable[[], Dict[int, Any]],
+               restoring: Callable[[int], Any]):
+    """Makes the node.
+
+    Args:
+      saved: Returns the objects to save, by index (there may be gaps).
+      restoring: Given an index found in a checkpoint, returns the object
+        that restores it, or None to leave its values until `resolve`.
+    """
+    self._maybe_initialize_trackable()
+    self._saved = saved
+    self._restoring = restoring
+
+  def _trackable_children(self, save_type='checkpoint', **kwargs
+                         ) -> Dict[str, Any]:
+    del save_type, kwargs  # The same list for every kind of save.
+    return {str(i): child for i, child in sorted(self._saved().items())}
+
+  def _lookup_dependency(self, name: str, cached_dependencies=None) -> Any:
+    del cached_dependencies
+    return self._restoring(int(name)) if name.isdigit() else None
+
+  def resolve(self) -> None:
+    """Restores the values left for later into the objects that now exist."""
+    for name in list(self._deferred_dependencies):
+      child = self._restoring(int(name)) if name.isdigit() else None
+      if child is not None:
+        restore_deferred(self, name, child)
 
 
 class ForwardsLegacySlotRestoration:

@@ -23,11 +23,11 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import keras
 import tensorflow as tf
 
-from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale.keras import keras3_support
 from tf_loss_scale.keras import loss_scale_optimizer
 from tf_loss_scale.keras import protocols
+from tf_loss_scale.keras import tf_keras_checkpoints
 
 # TF 2.4-2.15's defaults for a dynamic scale.
 _INITIAL_SCALE = 2.0**15
@@ -62,6 +62,7 @@ class _TakesKerasClassInstances(type(keras.optimizers.LossScaleOptimizer)):
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.mixed_precision', name='LossScaleOptimizer')
 class LossScaleOptimizer(protocols.TwoProtocols,
+                         tf_keras_checkpoints.TfKerasCheckpointLayout,
                          loss_scale_optimizer.LossScaleOptimizer,
                          metaclass=_TakesKerasClassInstances):
   """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
@@ -143,12 +144,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         _INITIAL_SCALE if initial_scale is None else initial_scale,
         (_GROWTH_STEPS if dynamic_growth_steps is None else
          dynamic_growth_steps), name=name)
-    # tf_keras's checkpoint layout, as second paths to the same variables.
-    object.__setattr__(self, '_tf_keras_layout', tf.Module())
-    layout = {'loss_scale': self._tf_keras_layout} if dynamic else {}
-    if hasattr(self.inner_optimizer.iterations, 'assign'):  # Not computed.
-      layout['_iterations'] = self.inner_optimizer.iterations
-    private_api.name_dependencies(self, **layout)
+    self._start_tf_keras_layout(dynamic)
     object.__setattr__(self, '_constructed', True)
 
   # ---- the forwarding rule (module docstring) ------------------------------
@@ -192,12 +188,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
+    held = self._hold_inner_restorations()
     with self._wrapper_settings():
       super().build(var_list)
-    if self._dynamic:
-      # Assigning tracks them, and restores what a checkpoint holds for them.
-      self._tf_keras_layout.current_loss_scale = self.dynamic_scale
-      self._tf_keras_layout.good_steps = self.step_counter
+    self._finish_tf_keras_layout(self.dynamic_scale, self.step_counter, held)
 
   def _scale_floor(self) -> Optional[float]:
     # A fixed scale may be below 1, as TF 2.4-2.15's; a dynamic one not.

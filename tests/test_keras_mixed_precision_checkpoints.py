@@ -1,0 +1,465 @@
+"""Checkpoints of TF 2.4-2.15's `LossScaleOptimizer` on Keras 3, against tf_keras.
+
+A model of two Dense layers trains in a custom loop with Adam or with SGD
+and momentum (two slot lists, or one per variable), one step overflowing
+and skipped; the model and the optimizer go in one `tf.train.Checkpoint`,
+which a fresh model and optimizer restore, before or after the optimizer is
+built, with or without a MirroredStrategy. After the restore the weights,
+every slot of every variable (looked up by the variable), the loss scale,
+its good steps and the step count are the writer's, and one more step
+lands where the writer's own next step did.
+
+The weights are saved by name (`kernel_1`, ...): tf_keras's and Keras 3's
+models name their layers' dependencies differently, which is Keras's
+business; the optimizer's part is this library's.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+import versions
+
+versions.KERAS_3.require()
+versions.TF_KERAS_INSTALLED.require()
+
+# pylint: disable=g-import-not-at-top,wrong-import-order
+import tf_keras
+from tf_loss_scale.keras import mixed_precision
+# pylint: enable=g-import-not-at-top,wrong-import-order
+
+INF = float('inf')
+# What the loss is multiplied by at each step: the second step overflows
+# any scale and is skipped; with a growth every 2 steps, the scale ends at
+# 2**10 (halved, then doubled) after 1 good step, and 5 steps counted.
+_FACTORS = (1.0, INF, 1.0, 0.5, 1.0)
+_FINITE_FACTORS = (1.0, 0.5, 1.0)
+_SCALE = dict(initial_scale=2.0**10, dynamic_growth_steps=2)
+_X = np.array([[1.0, 2.0], [3.0, -4.0]], np.float32)
+_WEIGHTS = {
+    'kernel_1': np.array([[0.5, -0.25, 0.75], [-0.5, 0.25, 1.0]]),
+    'bias_1': np.array([0.1, -0.2, 0.3]),
+    'kernel_2': np.array([[0.5, -1.0], [0.25, 0.5], [-0.75, 0.125]]),
+    'bias_2': np.array([0.05, -0.05]),
+}
+_NAMES = tuple(_WEIGHTS)
+# Each optimizer's slot lists, by the name both Keras give them.
+_OPTIMIZERS = {
+    'adam': (lambda k: k.optimizers.Adam(0.01), ('_momentums', '_velocities')),
+    'sgd_momentum': (lambda k: k.optimizers.SGD(0.05, momentum=0.9),
+                     ('momentums',)),
+}
+
+
+class _Run:
+  """A two-layer model and an optimizer of one Keras, trained in a loop.
+
+  `family` is 'tf_keras' (tf_keras's model and optimizer, wrapped in
+  tf_keras's class) or 'ours' (Keras 3's, wrapped in this library's).
+  """
+
+  def __init__(self, family, optimizer, wrapped=True, strategy=None,
+               start=None):
+    self.family, self.wrapped = family, wrapped
+    self.strategy = strategy or tf.distribute.get_strategy()
+    k = tf_keras if family == 'tf_keras' else keras
+    make_inner, self.slot_lists = _OPTIMIZERS[optimizer]
+    with self.strategy.scope():
+      self.model = k.Sequential([k.layers.Dense(3, activation='relu'),
+                                 k.layers.Dense(2)])
+      self.model(_X)
+      inner = make_inner(k)
+      if not wrapped:
+        self.optimizer = inner
+      elif family == 'tf_keras':
+        self.optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
+            inner, **_SCALE)
+      else:
+        self.optimizer = mixed_precision.LossScaleOptimizer(inner, **_SCALE)
+    self.inner = inner
+    weights = self.model.trainable_variables
+    self.weights = dict(zip(_NAMES, weights))
+    for name, variable in self.weights.items():
+      variable.assign((_WEIGHTS if start is None else start)[name])
+    self._step = tf.function(self._replica_step)
+
+  def checkpoint(self):
+    return tf.train.Checkpoint(model=tf.train.Checkpoint(**self.weights),
+                               optimizer=self.optimizer)
+
+  def build(self):
+    with self.strategy.scope():
+      self.optimizer.build(list(self.weights.values()))
+
+  def _replica_step(self, factor):
+
+    def step():
+      variables = list(self.weights.values())
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(self.model(_X)) * factor
+        if self.wrapped:
+          loss = self.optimizer.get_scaled_loss(loss)
+      grads = tape.gradient(loss, variables)
+      if self.wrapped:
+        grads = self.optimizer.get_unscaled_gradients(grads)
+      self.optimizer.apply_gradients(zip(grads, variables))
+
+    self.strategy.run(step)
+
+  def train(self, factors):
+    for factor in factors:
+      self._step(tf.constant(factor))
+
+  def slot(self, slot_list, variable):
+    """The slot of `variable` in `slot_list`, found by the variable."""
+    if self.family == 'tf_keras':
+      index = self.inner._index_dict[self.inner._var_key(variable)]  # pylint: disable=protected-access
+    else:
+      index = self.inner._get_variable_index(variable)  # pylint: disable=protected-access
+    return getattr(self.inner, slot_list)[index]
+
+  def state(self):
+    """Weights, slots by variable, and the counters, as plain values."""
+    state = {name: _value(v) for name, v in self.weights.items()}
+    for slot_list in self.slot_lists:
+      for name, variable in self.weights.items():
+        state[f'{slot_list}[{name}]'] = _value(self.slot(slot_list, variable))
+    state['iterations'] = int(_value(self.optimizer.iterations))
+    if self.wrapped:
+      state['loss_scale'] = float(_value(self.optimizer.loss_scale))
+      state['good_steps'] = int(_value(self.optimizer.dynamic_counter))
+    return state
+
+
+def _value(x):
+  if isinstance(x, keras.Variable):
+    x = x.value  # Its tf.Variable.
+  return np.asarray(tf.convert_to_tensor(x))
+
+
+def _assert_same_state(actual, expected):
+  assert sorted(actual) == sorted(expected)
+  for name, value in expected.items():
+    np.testing.assert_allclose(actual[name], value, rtol=1e-6, atol=1e-7,
+                               err_msg=name)
+
+
+def _zeros():
+  return {name: np.zeros_like(value) for name, value in _WEIGHTS.items()}
+
+
+def _write(run, directory):
+  """Saves `run` and steps it once more; the saved state and the next."""
+  path = run.checkpoint().write(str(directory / 'checkpoint'))
+  saved = run.state()
+  run.train([1.0])
+  return path, saved, run.state()
+
+
+def _restore(run, path, build_first):
+  """Restores `path` into `run`, building its optimizer before or after."""
+  if build_first:
+    run.build()
+  status = run.checkpoint().read(path)
+  if not build_first:
+    run.build()  # Restores the optimizer's values left for its variables.
+  return status
+
+
+def _status(status):
+  """(all of this program's objects matched, all of the checkpoint used)."""
+  verdicts = []
+  for check in (status.assert_existing_objects_matched,
+                status.assert_consumed):
+    try:
+      check()
+      verdicts.append(True)
+    except AssertionError:
+      verdicts.append(False)
+  status.expect_partial()
+  return tuple(verdicts)
+
+
+DIRECTIONS = [('tf_keras', 'ours'), ('ours', 'tf_keras')]
+
+
+@pytest.mark.parametrize('build_first', [True, False],
+                         ids=['built', 'deferred'])
+@pytest.mark.parametrize('optimizer', list(_OPTIMIZERS))
+@pytest.mark.parametrize('writer,reader', DIRECTIONS,
+                         ids=['tf_keras_to_ours', 'ours_to_tf_keras'])
+def test_checkpoint_moves_whole_between_tf_keras_and_ours(
+    writer, reader, optimizer, build_first, tmp_path):
+  source = _Run(writer, optimizer)
+  source.train(_FACTORS)
+  path, saved, after_next_step = _write(source, tmp_path)
+  assert (saved['loss_scale'], saved['good_steps'],
+          saved['iterations']) == (1024.0, 1, 5)
+
+  target = _Run(reader, optimizer, start=_zeros())
+  status = _restore(target, path, build_first)
+  status.assert_consumed()
+  _assert_same_state(target.state(), saved)
+  target.train([1.0])
+  _assert_same_state(target.state(), after_next_step)
+
+
+@pytest.mark.parametrize('build_first', [True, False],
+                         ids=['built', 'deferred'])
+@pytest.mark.parametrize('optimizer', list(_OPTIMIZERS))
+@pytest.mark.parametrize('writer,reader', DIRECTIONS,
+                         ids=['tf_keras_to_ours', 'ours_to_tf_keras'])
+def test_checkpoint_moves_whole_under_a_mirrored_strategy(
+    writer, reader, optimizer, build_first, mirrored_strategy, tmp_path):
+  source = _Run(writer, optimizer, strategy=mirrored_strategy)
+  source.train(_FACTORS)
+  path, saved, after_next_step = _write(source, tmp_path)
+  assert (saved['loss_scale'], saved['good_steps'],
+          saved['iterations']) == (1024.0, 1, 5)
+
+  target = _Run(reader, optimizer, strategy=mirrored_strategy,
+                start=_zeros())
+  status = _restore(target, path, build_first)
+  status.assert_consumed()
+  _assert_same_state(target.state(), saved)
+  target.train([1.0])
+  _assert_same_state(target.state(), after_next_step)
+
+
+def _without_loss_scale(state):
+  return {k: v for k, v in state.items()
+          if k not in ('loss_scale', 'good_steps')}
+
+
+@pytest.mark.parametrize('build_first', [True, False],
+                         ids=['built', 'deferred'])
+@pytest.mark.parametrize('optimizer', list(_OPTIMIZERS))
+@pytest.mark.parametrize('family', ['tf_keras', 'ours'])
+def test_a_bare_optimizers_checkpoint_restores_into_the_wrapper(
+    family, optimizer, build_first, tmp_path):
+  # tf_keras's class restores its inner optimizer's checkpoint: slots and
+  # step count, its loss scale starting afresh (which neither status check
+  # accepts: the scale is not in the checkpoint). Ours, around Keras 3's
+  # optimizer, does the same with Keras 3's.
+  bare = _Run(family, optimizer, wrapped=False)
+  bare.train(_FINITE_FACTORS)
+  path, saved, after_next_step = _write(bare, tmp_path)
+
+  wrapped = _Run(family, optimizer, start=_zeros())
+  status = _restore(wrapped, path, build_first)
+  assert _status(status) == (False, False)
+  restored = wrapped.state()
+  assert (restored['loss_scale'], restored['good_steps']) == (1024.0, 0)
+  _assert_same_state(_without_loss_scale(restored), saved)
+  # A finite step at a scale of 2**10 applies what the bare one applied.
+  wrapped.train([1.0])
+  stepped = wrapped.state()
+  assert (stepped['loss_scale'], stepped['good_steps']) == (1024.0, 1)
+  _assert_same_state(_without_loss_scale(stepped), after_next_step)
+
+
+# Keras 3's SGD restored before its build: see the test after this one.
+_WRAPPED_TO_BARE = [
+    (family, optimizer, build_first)
+    for family in ('tf_keras', 'ours') for optimizer in _OPTIMIZERS
+    for build_first in (True, False)
+    if (family, optimizer, build_first) != ('ours', 'sgd_momentum', False)]
+
+
+@pytest.mark.parametrize('family,optimizer,build_first', _WRAPPED_TO_BARE)
+def test_the_wrappers_checkpoint_restores_into_the_bare_optimizer(
+    family, optimizer, build_first, tmp_path):
+  # tf_keras's bare optimizer takes its slots and step count from its
+  # wrapper's checkpoint; the loss scale stays unused (`assert_consumed`
+  # fails, every object of the program is matched). Keras 3's bare
+  # optimizer does the same with ours's (its SGD built first: see below).
+  wrapped = _Run(family, optimizer)
+  wrapped.train(_FACTORS)
+  path, saved, after_next_step = _write(wrapped, tmp_path)
+
+  bare = _Run(family, optimizer, wrapped=False, start=_zeros())
+  status = _restore(bare, path, build_first)
+  assert _status(status) == (True, False)
+  _assert_same_state(bare.state(), _without_loss_scale(saved))
+  bare.train([1.0])
+  _assert_same_state(bare.state(), _without_loss_scale(after_next_step))
+
+
+def test_a_bare_tf_keras_optimizer_and_ours_interchange_checkpoints(
+    tmp_path):
+  # The layout is tf_keras's: its bare optimizer reads ours, and ours
+  # reads it, as tf_keras's class would.
+  ours = _Run('ours', 'adam')
+  ours.train(_FACTORS)
+  path, saved, after_next_step = _write(ours, tmp_path / 'ours')
+  bare = _Run('tf_keras', 'adam', wrapped=False, start=_zeros())
+  assert _status(_restore(bare, path, build_first=False)) == (True, False)
+  _assert_same_state(bare.state(), _without_loss_scale(saved))
+  bare.train([1.0])
+  _assert_same_state(bare.state(), _without_loss_scale(after_next_step))
+
+  path, saved, _ = _write(bare, tmp_path / 'bare')
+  ours = _Run('ours', 'adam', start=_zeros())
+  assert _status(_restore(ours, path, build_first=False)) == (False, False)
+  _assert_same_state(_without_loss_scale(ours.state()), saved)
+
+
+def test_keras_3_sgd_restored_before_its_build_says_its_momentums_are_left(
+    tmp_path):
+  # Keras 3's SGD names an empty `momentums` list and then replaces it, so a
+  # restore before its build reaches its momentums by position only, and
+  # this layout saves slots by name only (a position is read by Keras 3 and
+  # tf_keras as different slots). They stay zero, and the status says so:
+  # build the optimizer first (as above), or restore into our class.
+  wrapped = _Run('ours', 'sgd_momentum')
+  wrapped.train(_FACTORS)
+  path, saved, _ = _write(wrapped, tmp_path)
+  bare = _Run('ours', 'sgd_momentum', wrapped=False, start=_zeros())
+  assert _status(_restore(bare, path, build_first=False)) == (False, False)
+  state = bare.state()
+  for name in _NAMES:
+    np.testing.assert_array_equal(state[f'momentums[{name}]'],
+                                  np.zeros_like(_WEIGHTS[name]))
+    np.testing.assert_allclose(state[name], saved[name], rtol=1e-6)
+  assert state['iterations'] == saved['iterations'] == 5
+
+
+def _paths(path):
+  """Every path of names to a saved value in a checkpoint's object graph."""
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(tf.train.load_checkpoint(path).get_tensor(
+      '_CHECKPOINTABLE_OBJECT_GRAPH'))
+  found, queue = set(), [(0, ())]
+  while queue:
+    node_id, names = queue.pop()
+    node = graph.nodes[node_id]
+    if node.attributes:
+      found.add('/'.join(names))
+    if len(names) < 4:  # Deep enough for these layouts; no cycles.
+      queue.extend((child.node_id, names + (child.local_name,))
+                   for child in node.children)
+  return found
+
+
+def test_the_layout_is_tf_keras_less_slot_positions(tmp_path):
+  # Every name tf_keras's class gives a value, ours gives it, and nothing
+  # else, but slots by their position in `_variables` (read differently by
+  # Keras 3 and tf_keras) and tf_keras's index of its variables.
+  written = {}
+  for family in ('tf_keras', 'ours'):
+    run = _Run(family, 'adam')
+    run.train(_FACTORS)
+    written[family] = _paths(
+        run.checkpoint().write(str(tmp_path / family)))
+  theirs = {p for p in written['tf_keras']
+            if not p.startswith('optimizer/_index_dict') and not (
+                p.startswith('optimizer/_variables/') and
+                p != 'optimizer/_variables/0')}
+  assert written['ours'] == theirs
+  assert {'optimizer/_iterations', 'optimizer/_variables/0',
+          'optimizer/_momentums/3', 'optimizer/_velocities/0',
+          'optimizer/loss_scale/current_loss_scale',
+          'optimizer/loss_scale/good_steps',
+          'model/kernel_1'} <= written['ours']
+  assert 'optimizer/_variables/8' in written['tf_keras']
+
+
+_SAME_ORDER = [
+    ('Adadelta', {}), ('Adagrad', {}), ('Adam', {}), ('Adam', {'amsgrad': True}),
+    ('AdamW', {}), ('AdamW', {'amsgrad': True}), ('Adamax', {}), ('Ftrl', {}),
+    ('Lion', {}), ('Nadam', {}), ('RMSprop', {'momentum': 0.9}),
+    ('RMSprop', {'centered': True}), ('SGD', {'momentum': 0.9})]
+
+
+@pytest.mark.parametrize('name,options', _SAME_ORDER)
+def test_keras_3_optimizers_read_by_position_order_slots_as_tf_keras(
+    name, options):
+  # The library reads tf_keras's `_variables/{i}` into these by position:
+  # each slot there must be the same (list, variable) in both Keras.
+  from tf_loss_scale.keras import tf_keras_checkpoints  # pylint: disable=g-import-not-at-top
+  assert name in tf_keras_checkpoints._SAME_ORDER_AS_TF_KERAS  # pylint: disable=protected-access
+  shapes = [(2, 3), (3,), (3, 2), (2,)]
+  orders = []
+  for k, make in ((tf_keras, tf.Variable), (keras, keras.Variable)):
+    optimizer = getattr(k.optimizers, name)(**options)
+    optimizer.build([make(tf.zeros(shape)) for shape in shapes])
+    where = {}
+    for list_name, child in optimizer._trackable_children().items():  # pylint: disable=protected-access
+      if list_name in ('_variables', '_trainable_variables'):
+        continue
+      entries = child if isinstance(child, (list, tuple)) else [child]
+      for index, entry in enumerate(entries):
+        where.setdefault(id(entry), (list_name.lstrip('_'), index))
+    counters = (optimizer.iterations, getattr(optimizer, '_learning_rate',
+                                              None))
+    orders.append([where.get(id(v)) for v in optimizer.variables
+                   if not any(v is c for c in counters)])
+  assert orders[0] == orders[1][:len(orders[0])]
+  assert None not in orders[0]
+
+
+def test_tf_keras_adafactor_by_position_is_refused_with_nothing_restored(
+    tmp_path):
+  # Keras 3's Adafactor keeps other variables than tf_keras's (its factored
+  # moments of 1-D variables): positions cannot be mapped, and nothing of
+  # the checkpoint is restored.
+  source_weights = [tf.Variable(tf.fill(shape, 0.5))
+                    for shape in ((2, 3), (3,))]
+  source = tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.Adafactor())
+  source.build(source_weights)
+  path = tf.train.Checkpoint(weights=source_weights, optimizer=source).write(
+      str(tmp_path / 'adafactor'))
+  for build_first in (True, False):
+    weights = [keras.Variable(np.zeros(shape, np.float32))
+               for shape in ((2, 3), (3,))]
+    ours = mixed_precision.LossScaleOptimizer(keras.optimizers.Adafactor())
+    checkpoint = tf.train.Checkpoint(weights=weights, optimizer=ours)
+    with pytest.raises(ValueError, match=r'Adafactor.*optimizer/_variables/'
+                       r'1.*wrong variables.*Restore the checkpoint with '
+                       r'tf_keras'):
+      if build_first:
+        ours.build(weights)
+        checkpoint.read(path)
+      else:
+        checkpoint.read(path)
+        ours.build(weights)
+    if build_first:
+      assert all(not np.any(_value(w)) for w in weights)
+    assert int(_value(ours.iterations)) == 0
+
+
+@pytest.mark.parametrize('build_first', [True, False],
+                         ids=['built', 'deferred'])
+def test_checkpoints_of_the_earlier_layout_still_restore(build_first,
+                                                         tmp_path):
+  # Before it took tf_keras's layout this class saved Keras 3's (the inner
+  # optimizer under `inner_optimizer`, `dynamic_scale`, `step_counter`)
+  # with tf_keras's loss scale names and the inner count at `_iterations`
+  # added: made here from the Keras 3 form, as that class was.
+  from tf_loss_scale import private_api  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras import loss_scale_optimizer  # pylint: disable=g-import-not-at-top
+  source = _Run('ours', 'adam', wrapped=False)
+  earlier = loss_scale_optimizer.LossScaleOptimizer(source.inner, **_SCALE)
+  variables = list(source.weights.values())
+  for factor in _FACTORS:
+    with tf.GradientTape() as tape:
+      loss = earlier.scale_loss(tf.reduce_sum(source.model(_X)) * factor)
+    earlier.apply(tape.gradient(loss, variables), variables)
+  names = tf.Module()
+  names.current_loss_scale = earlier.dynamic_scale
+  names.good_steps = earlier.step_counter
+  private_api.name_dependencies(earlier, loss_scale=names,
+                                _iterations=source.inner.iterations)
+  path = tf.train.Checkpoint(model=tf.train.Checkpoint(**source.weights),
+                             optimizer=earlier).write(str(tmp_path / 'ck'))
+  saved = source.state()  # Keras 3's protocol counts applied steps: 4.
+  assert saved['iterations'] == 4
+
+  target = _Run('ours', 'adam', start=_zeros())
+  _restore(target, path, build_first).assert_existing_objects_matched()
+  _assert_same_state(_without_loss_scale(target.state()), saved)
+  assert (target.state()['loss_scale'], target.state()['good_steps']) == (
+      1024.0, 1)
