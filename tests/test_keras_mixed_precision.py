@@ -562,10 +562,6 @@ _problem = {}
 exec(_CHECKPOINT_PROBLEM, _problem)  # pylint: disable=exec-used
 
 
-class _Unbound(AssertionError):
-  """A restore left a variable without the checkpoint's value."""
-
-
 def _assert_all_bound(status, what, kind):
   """What tf_keras's reads of its own files guarantee, for this kind.
 
@@ -579,7 +575,7 @@ def _assert_all_bound(status, what, kind):
     else:
       status.assert_consumed()
   except AssertionError as e:
-    raise _Unbound(f'{what}: {e}') from None
+    raise AssertionError(f'{what}: {e}') from None
 
 
 def _assert_same_weights(ours, theirs, kind):
@@ -591,22 +587,7 @@ def _assert_same_weights(ours, theirs, kind):
       np.testing.assert_array_equal(our_weight, their_weight)
 
 
-_SLOT_LAYOUT = pytest.mark.xfail(
-    strict=True,
-    reason='checkpoint layout of slot variables does not match tf_keras yet')
-
-
-@pytest.mark.parametrize('kind', [
-    pytest.param('sgd', marks=pytest.mark.xfail(
-        strict=True, raises=_Unbound,
-        reason='reading a tf_keras checkpoint binds neither the inner '
-        "optimizer's learning rate (sgd/learning_rate: a rate tf_keras "
-        'changed before writing stays at the constructor\'s value here) nor '
-        "the Keras 3 wrapper's own iteration counter, so "
-        'assert_existing_objects_matched fails; every value checked before '
-        'it is restored')),
-    pytest.param('momentum', marks=_SLOT_LAYOUT),
-    pytest.param('adam', marks=_SLOT_LAYOUT)])
+@pytest.mark.parametrize('kind', ['sgd', 'momentum', 'adam'])
 def test_checkpoints_move_between_tf_keras_and_this_class(tmp_path, kind):
   # One variable with SGD, or two Dense layers with SGD(momentum=0.9) or
   # Adam, whose slots must move too: the next step from a restored state is
@@ -647,8 +628,8 @@ def test_checkpoints_move_between_tf_keras_and_this_class(tmp_path, kind):
   _assert_same_weights(read['next_weights'], ours_next['weights'], kind)
   assert ours_next['state'] == [64.0, 0, 4]
   # Last, so that a regression in the values above fails as itself.
-  if read['unbound']:
-    raise _Unbound(f"tf_keras's read of this class's file: {read['unbound']}")
+  assert not read['unbound'], (
+      f"tf_keras's read of this class's file: {read['unbound']}")
   for status, what in statuses:
     _assert_all_bound(status, what, kind)
 

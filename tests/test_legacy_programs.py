@@ -84,26 +84,6 @@ def _expected_class_is(name: str, legacy_keras: bool) -> bool:
   return module.startswith(package + '.') and qualname in _KERAS2_QUALNAMES
 
 
-class KnownFailure(Exception):
-  """A run failed as this library is known to fail it."""
-
-
-# Runs this library fails today: program -> (the text its failing run's
-# stderr shows, why). Only where this library's class resumes the checkpoint
-# Keras 2's class wrote.
-_KNOWN_FAILURES = {
-    'tf24_checkpoint_resume.py': (
-        'were not bound to checkpointed values',
-        "restoring tf_keras's checkpoint binds neither the inner optimizer's "
-        "learning rate nor the Keras 3 wrapper's own iteration counter "
-        '(assert_existing_objects_matched fails; the values the program '
-        'checks first are right)'),
-    'tf24_checkpoint_resume_slots.py': (
-        '',
-        'checkpoint layout of slot variables does not match tf_keras yet'),
-}
-
-
 class Program(NamedTuple):
   name: str
   override: bool
@@ -164,13 +144,8 @@ RUNS = [(program, legacy_keras)
 
 
 def _param(program: Program, legacy_keras: bool) -> Any:
-  marks = []
-  if program.name in _KNOWN_FAILURES and _ours_runs(legacy_keras):
-    marks.append(pytest.mark.xfail(
-        strict=True, raises=KnownFailure,
-        reason=_KNOWN_FAILURES[program.name][1]))
   return pytest.param(
-      program, legacy_keras, marks=marks,
+      program, legacy_keras,
       id=f'{program.name[:-3]}-{"tf_keras" if legacy_keras else "tf.keras"}')
 
 
@@ -222,14 +197,9 @@ def test_legacy_program_runs_unmodified(program, legacy_keras, program_runs):
   runs = program_runs[program.name, legacy_keras].result()
   keras = 'tf_keras' if legacy_keras else 'the default tf.keras'
   legacy_of_run = [_WRITER_LEGACY_KERAS] * program.resumes + [legacy_keras]
-  known = (_KNOWN_FAILURES.get(program.name)
-           if _ours_runs(legacy_keras) else None)
   for i, run in enumerate(runs):
     writes = program.resumes and i == 0
     phase = ' (the run that writes the checkpoint)' if writes else ''
-    if (known and not writes and run.returncode and
-        known[0] in run.stderr):
-      raise KnownFailure(f'{program.name}: {known[1]}:\n{run.stderr}')
     assert run.returncode == 0, (
         f'{program.name}{phase} under {keras} failed (exit '
         f'{run.returncode}, {run.seconds:.0f} s):\n{run.stderr}')
