@@ -188,6 +188,9 @@ def test_isinstance_train_step_trains_after_install_as_tf_keras_class_does():
              os.path.join(_LEGACY, 'tf24_train_step_isinstance.py')]
   keras3, tf_keras = (fresh_process.run_json(program, legacy_keras=legacy)
                       for legacy in (False, True))
+  assert (keras3.pop('optimizer_class'), tf_keras.pop('optimizer_class')) == (
+      'tf_loss_scale.keras.mixed_precision.LossScaleOptimizer',
+      'tf_keras.src.mixed_precision.loss_scale_optimizer.LossScaleOptimizerV3')
   assert keras3 == tf_keras
   assert (keras3['loss_scale'], keras3['iterations']) == (512.0, 24)
 

@@ -169,6 +169,10 @@ rewrite['keras'] = [isinstance(keras_opt, experimental.LossScaleOptimizer),
                     scale(keras_opt.loss_scale)]
 rewrite['wrapped_again'] = error(
     lambda: tf.train.experimental.enable_mixed_precision_graph_rewrite(v1_opt))
+try:
+  tf.train.experimental.enable_mixed_precision_graph_rewrite(v1_opt)
+except ValueError:  # TensorFlow's type, as code written for it catches it.
+  rewrite['wrapped_again_caught_as_value_error'] = True
 rewrite['not_an_optimizer'] = error(
     lambda: tf.train.experimental.enable_mixed_precision_graph_rewrite(3))
 tf.train.experimental.disable_mixed_precision_graph_rewrite()
@@ -305,7 +309,9 @@ def test_graph_rewrite_switches_tensorflow_rewrite_and_wraps_with_ours(
   assert rewrite['on'] == [True, True]
   assert rewrite['keras'] == [True, ['FixedLossScale', 128.0,
                                      {'loss_scale_value': 128.0}]]
-  assert rewrite['wrapped_again'][0] == 'ValueError'
+  # Both a TypeError (tf_keras's) and a ValueError (TensorFlow's).
+  assert rewrite['wrapped_again'][0] == 'WrapsAWrapperError'
+  assert rewrite['wrapped_again_caught_as_value_error']
   assert rewrite['not_an_optimizer'][0] == 'ValueError'
   assert rewrite['off'] == [False, False]
   assert rewrite['warned_when_off']
