@@ -16,6 +16,8 @@ A program declares in its header comments how it runs:
     # Keras: yes                         or no
     # Needs: tf.estimator                a name some TensorFlows lack
     # Needs: Keras 3                     `import keras` is Keras 3
+    # Needs: a .keras loader that restores a LossScaleOptimizer
+                                         not Keras 2.12's
     # Resumes: yes                       run twice in one directory, the
                                          first time under Keras 2's class
 The programs start together when the first test asks, two at a time.
@@ -54,6 +56,11 @@ _NEEDS = {
         'tf.estimator was removed in TensorFlow 2.16 '
         f'(here {".".join(map(str, versions.TF))})'),
     'Keras 3': versions.KERAS_3,
+    # Seen on 2.12.1; 2.15 restores it.
+    'a .keras loader that restores a LossScaleOptimizer': versions.Condition(
+        versions.TF >= (2, 13),
+        "Keras 2.12's .keras loader starts a LossScaleOptimizer afresh "
+        "('Error in loading the saved optimizer state')"),
 }
 # A program that resumes first runs where the TF 2.4 API is Keras 2's own
 # class: TensorFlow's on 2.15 and earlier, tf_keras's (TF_USE_LEGACY_KERAS=1)

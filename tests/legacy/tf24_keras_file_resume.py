@@ -11,6 +11,7 @@ stays at 2**15), then 8 more in each.
 """
 # Runs after: compat.install()
 # Keras: yes
+# Needs: a .keras loader that restores a LossScaleOptimizer
 
 import json
 import os
