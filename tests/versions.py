@@ -111,6 +111,14 @@ KERAS_SUMS_ACROSS_REPLICAS = KERAS_3 & Condition(
     'across replicas, and the Keras 3 forms refuse several replicas there '
     f'({_VERSIONS})')
 
+# The TF 2.4-2.15 form's checkpoints interchange with tf_keras's class where
+# Keras 3's optimizers name and order what they save as tf_keras's do: from
+# Keras 3.12 (tested with 3.15; Keras 3.3 names and orders them otherwise).
+KERAS_TF_KERAS_CHECKPOINTS = KERAS_3 & Condition(
+    KERAS is not None and KERAS >= (3, 12),
+    "needs Keras 3.12 or later for checkpoints of tf_keras's "
+    f'LossScaleOptimizer ({_VERSIONS})')
+
 TF_KERAS_INSTALLED = Condition(
     TF_KERAS is not None,
     f'needs tf_keras (Keras 2 for TensorFlow 2.16 and later) ({_VERSIONS})')

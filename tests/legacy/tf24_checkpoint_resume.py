@@ -11,6 +11,7 @@ value. Run it twice in one directory, e.g. first with TensorFlow
 """
 # Runs after: compat.install()
 # Keras: yes
+# Needs: Keras 2, or Keras 3.12 or later
 # Resumes: yes
 
 import json

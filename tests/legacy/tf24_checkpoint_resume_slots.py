@@ -12,6 +12,7 @@ holds the model's variables as a list, the optimizer's slots refer to them.
 """
 # Runs after: compat.install()
 # Keras: yes
+# Needs: Keras 2, or Keras 3.12 or later
 # Resumes: yes
 
 import json

@@ -6,7 +6,9 @@ float32 variable used in float16. Batches 0 and 3 hold a 64: the gradient
 the scale (about 2e5 and 4e6) is not, so only a scaler that multiplies by
 the scale skips those steps. Each skip halves the scale, two finite steps in
 a row double it. The scale, the counter and the weight after each step are
-checked, in a `tf.function` with `jit_compile=True` as TF 2.5+ allowed.
+checked. The step runs eagerly: compiled, TensorFlow may compute the
+float16 product in a wider type (XLA on TensorFlow 2.16) or reassociate it
+(Grappler, for tf_keras's class), and no step overflows.
 """
 # Runs after: compat.install()
 # Keras: yes
@@ -27,7 +29,6 @@ def loss_of(x):
   return tf.reduce_mean(tf.square(tf.cast(prediction, tf.float32) - 1.5))
 
 
-@tf.function(jit_compile=True)
 def train_step(x):
   with tf.GradientTape() as tape:
     scaled_loss = opt.get_scaled_loss(loss_of(x))

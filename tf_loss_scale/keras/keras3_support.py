@@ -43,6 +43,11 @@ RELEASE = release(keras.__version__)
 # copies of every mirrored variable drifted apart.
 OPTIMIZER_SUMS_ACROSS_REPLICAS = RELEASE >= (3, 5)
 
+# Keras's optimizers name and order what they save in a checkpoint as
+# their tf_keras namesakes do (tested with 3.15; Keras 3.3 does otherwise):
+# only then are tf_keras's slot positions read into them.
+SAVES_AS_TF_KERAS = RELEASE >= (3, 12)
+
 # Keras's class itself refuses the base optimizer arguments, keeps its
 # config to its own arguments and runs the base optimizer's build.
 CLASS_RUNS_BASE_BUILD = RELEASE >= (3, 12)

@@ -43,6 +43,7 @@ import weakref
 import tensorflow as tf
 
 from tf_loss_scale import private_api
+from tf_loss_scale.keras import keras3_support
 
 # What a Keras 3 optimizer saves that tf_keras's do not: the variables it
 # was built for (the model's own, saved with the model).
@@ -54,8 +55,12 @@ _KERAS3_WRAPPER = frozenset({'inner_optimizer', 'dynamic_scale',
                              'step_counter'})
 # The dependencies that are not slots, by name in both Keras.
 _COUNTERS = ('_iterations', '_learning_rate')
-# tf_keras's names for slot lists that Keras 3 names otherwise.
-_TF_KERAS_ALIASES = {'momentums': '_momentums'}  # Lion.
+# Names a checkpoint may hold for what is saved here under another: tf_keras's
+# Lion's slot list, and the step count of a Keras 3 optimizer before 3.9.
+_TF_KERAS_ALIASES = {'momentums': '_momentums', 'iterations': '_iterations'}
+# Keras 3 before 3.9 names its step count `iterations`; tf_keras, and Keras
+# 3 from 3.9, `_iterations`.
+_KERAS3_RENAMED = {'iterations': '_iterations'}
 # Keras 3's optimizers that make their variables in the order tf_keras's
 # namesakes do, so that `_variables/{i}` of tf_keras's is the i-th of
 # Keras 3's less its learning rate (tests/test_keras_mixed_precision_
@@ -139,6 +144,7 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
 
   def _checkpoint_children(self, inner_children: Dict[str, Any]
                           ) -> Dict[str, Any]:
+    inner_children = _renamed(inner_children)
     children = {name: inner_children[name] for name in _COUNTERS
                 if name in inner_children}
     children.update(
@@ -189,7 +195,7 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
     return children.get(alias) if alias else None
 
   def _inner_children(self) -> Dict[str, Any]:
-    return private_api.checkpoint_children(self.inner_optimizer)
+    return _renamed(private_api.checkpoint_children(self.inner_optimizer))
 
   def _tf_keras_variable_list(self) -> List[Any]:
     """`_variables` as tf_keras's: the step count, then the rest by creation."""
@@ -252,7 +258,8 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
           'is restored. Restore the '
           'checkpoint with tf_keras\'s optimizer, or continue from the model '
           'weights with a fresh optimizer (restore the model alone).')
-    return (from_keras and name in _SAME_ORDER_AS_TF_KERAS and
+    return (from_keras and keras3_support.SAVES_AS_TF_KERAS and
+            name in _SAME_ORDER_AS_TF_KERAS and
             not getattr(inner, 'use_ema', False) and
             not getattr(inner, 'gradient_accumulation_steps', None))
 
@@ -268,3 +275,9 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
       found.add(id(child))
       found.update(map(id, private_api.checkpoint_children(child).values()))
     return found
+
+
+def _renamed(children: Dict[str, Any]) -> Dict[str, Any]:
+  # A Keras 3 optimizer's dependencies under the names tf_keras gives them.
+  return {_KERAS3_RENAMED.get(name, name): child
+          for name, child in children.items()}
