@@ -211,9 +211,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     """
     self._apply(grads, trainable_variables)
 
-  # Whether the inner optimizer gets the gradients summed across replicas
-  # (then it clips the sums), or each replica's, which it sums itself after
-  # clipping them, as under Keras's class.
+  # Whether, on a step of TensorFlow's protocol (unscaled gradients), the
+  # inner optimizer gets the gradients summed across replicas (then it clips
+  # the sums), or each replica's, which it sums itself after clipping them,
+  # as under Keras's class.
   _INNER_GETS_SUMS = False
 
   def _apply(self, grads: Sequence[Any],
@@ -235,7 +236,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     scaled = self._scaled_flags(grads, variables)
     inner_apply = lambda unscaled: self.inner_optimizer.apply(
         unscaled, trainable_variables=trainable_variables)
-    hands_sums = summed or self._INNER_GETS_SUMS
+    # Under Keras 3's protocol every form hands over what Keras's class does.
+    hands_sums = summed or (self._INNER_GETS_SUMS and scaled is None)
     if hands_sums:
       _refuse_overwritten_on_replicas(variables, where)
       apply_fn = lambda sums: inner_apply(distribute.shares_summing_to(sums))

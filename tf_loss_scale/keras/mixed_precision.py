@@ -83,9 +83,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   and checkpoint layout are tf_keras's.
   """
 
-  # As tf_keras's class: under a strategy, the step sums the gradients across
-  # replicas, decides on the sums, and the inner optimizer clips and applies
-  # the sums (Keras 3's class hands each replica's, clipped before the sum).
+  # As tf_keras's class, on a step of TensorFlow's protocol: under a
+  # strategy, the step sums the gradients across replicas, decides on the
+  # sums, and the inner optimizer clips and applies the sums (Keras 3's class,
+  # and this one under Keras 3's protocol, hands each replica's, clipped
+  # before the sum).
   _INNER_GETS_SUMS = True
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
