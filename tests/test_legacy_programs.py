@@ -58,7 +58,7 @@ _NEEDS = {
         f'(here {".".join(map(str, versions.TF))})'),
     'Keras 3': versions.KERAS_3,
     'Keras 2, or Keras 3.12 or later': versions.Condition(
-        not versions.KERAS_3 or versions.KERAS_TF_KERAS_CHECKPOINTS,
+        bool(not versions.KERAS_3 or versions.KERAS_TF_KERAS_CHECKPOINTS),
         versions.KERAS_TF_KERAS_CHECKPOINTS.reason),
     # Seen on 2.12.1; 2.15 restores it.
     'a .keras loader that restores a LossScaleOptimizer': versions.Condition(
