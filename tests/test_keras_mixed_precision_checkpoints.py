@@ -61,7 +61,7 @@ class _Run:
   """
 
   def __init__(self, family, optimizer, wrapped=True, strategy=None,
-               start=None):
+               start=None, scale=None):
     self.family, self.wrapped = family, wrapped
     self.strategy = strategy or tf.distribute.get_strategy()
     k = tf_keras if family == 'tf_keras' else keras
@@ -75,9 +75,10 @@ class _Run:
         self.optimizer = inner
       elif family == 'tf_keras':
         self.optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
-            inner, **_SCALE)
+            inner, **(scale or _SCALE))
       else:
-        self.optimizer = mixed_precision.LossScaleOptimizer(inner, **_SCALE)
+        self.optimizer = mixed_precision.LossScaleOptimizer(
+            inner, **(scale or _SCALE))
     self.inner = inner
     weights = self.model.trainable_variables
     self.weights = dict(zip(_NAMES, weights))
@@ -226,6 +227,35 @@ def test_checkpoint_moves_whole_under_a_mirrored_strategy(
   _assert_same_state(target.state(), saved)
   target.train([1.0])
   _assert_same_state(target.state(), after_next_step)
+
+
+@pytest.mark.parametrize('strategy', ['default', 'mirrored'])
+@pytest.mark.parametrize('reader', ['tf_keras', 'ours'])
+@pytest.mark.parametrize('writer,wrapped', [('tf_keras', True),
+                                            ('ours', True), ('ours', False)],
+                         ids=['tf_keras', 'ours', 'ours_bare'])
+def test_the_scale_and_step_count_restore_before_the_first_step(
+    writer, wrapped, reader, strategy, request, tmp_path):
+  # As tf_keras's class, whose scale variables exist from its construction:
+  # right after the restore, before any build or step, the scale and its
+  # good steps are the checkpoint's (not the reader's initial 8), or, from
+  # a bare optimizer's checkpoint, the reader's own fresh ones.
+  strategy = (request.getfixturevalue('mirrored_strategy')
+              if strategy == 'mirrored' else None)
+  source = _Run(writer, 'sgd_momentum', wrapped=wrapped, strategy=strategy)
+  # (Keras 3's bare optimizers cannot build inside a function under a
+  # MirroredStrategy.)
+  source.build()
+  source.train(_FACTORS if wrapped else _FINITE_FACTORS)
+  path = source.checkpoint().write(str(tmp_path / 'checkpoint'))
+  target = _Run(reader, 'sgd_momentum', strategy=strategy, start=_zeros(),
+                scale=dict(initial_scale=8.0, dynamic_growth_steps=2))
+  target.checkpoint().read(path).expect_partial()
+  opt = target.optimizer
+  assert not hasattr(target.inner, 'momentums')  # Not built.
+  restored = (float(_value(opt.loss_scale)),
+              int(_value(opt.dynamic_counter)), int(_value(opt.iterations)))
+  assert restored == ((1024.0, 1, 5) if wrapped else (8.0, 0, 3))
 
 
 def _without_loss_scale(state):

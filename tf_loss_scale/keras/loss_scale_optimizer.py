@@ -190,8 +190,9 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     return gradients.scale_loss(loss, self._current_scale())
 
   def _current_scale(self) -> tf.Tensor:
+    # Keras's class makes its scale variable in `build`.
     return tf.convert_to_tensor(
-        self.dynamic_scale if self.built else self.initial_scale, tf.float32)
+        getattr(self, 'dynamic_scale', self.initial_scale), tf.float32)
 
   def apply(self, grads: Sequence[Any],
             trainable_variables: Optional[Sequence[Any]] = None) -> None:

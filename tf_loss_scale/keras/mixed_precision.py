@@ -146,7 +146,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         _INITIAL_SCALE if initial_scale is None else initial_scale,
         (_GROWTH_STEPS if dynamic_growth_steps is None else
          dynamic_growth_steps), name=name)
-    self._start_tf_keras_layout(dynamic)
+    self._make_scale_variables()
+    self._start_tf_keras_layout(
+        (self.dynamic_scale, self.step_counter) if dynamic else None)
     object.__setattr__(self, '_constructed', True)
 
   # ---- the forwarding rule (module docstring) ------------------------------
@@ -188,12 +190,42 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     finally:
       object.__setattr__(self, '_own_settings', False)
 
+  def _make_scale_variables(self) -> None:
+    """Makes Keras's two variables of the scale now, not in `build`.
+
+    As tf_keras's class made its own when constructed: a checkpoint restores
+    the scale and its count at once, before the first step. Keras's `build`
+    asks for them again by name, and `add_variable` hands these back, so
+    `variables` keeps Keras's order.
+    """
+    # With the release's default aggregation, as its class gets them.
+    with tf.init_scope(), keras.name_scope(self.name, caller=self):
+      made = {
+          'step_counter': super().add_variable(
+              shape=(), dtype='int', initializer='zeros',
+              name='step_counter'),
+          'dynamic_scale': super().add_variable(
+              shape=(), dtype='float32',
+              initializer=keras.initializers.Constant(self.initial_scale),
+              name='dynamic_scale'),
+      }
+    for name, variable in made.items():
+      object.__setattr__(self, name, variable)
+    object.__setattr__(self, '_made_before_build', made)
+
+  def add_variable(self, *args: Any, **kwargs: Any) -> Any:
+    """As Keras's, but returns a variable made before `build` asked for it."""
+    made = self.__dict__.get('_made_before_build', {})
+    if kwargs.get('name') in made:
+      return made.pop(kwargs['name'])
+    return super().add_variable(*args, **kwargs)
+
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
     held = self._hold_inner_restorations()
     with self._wrapper_settings():
       super().build(var_list)
-    self._finish_tf_keras_layout(self.dynamic_scale, self.step_counter, held)
+    self._finish_tf_keras_layout(held)
 
   def _scale_floor(self) -> Optional[float]:
     # A fixed scale may be below 1, as TF 2.4-2.15's; a dynamic one not.
@@ -232,8 +264,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   @property
   def dynamic_counter(self) -> Optional[tf.Variable]:
-    """Finite steps since the scale last changed; None if fixed or unbuilt."""
-    return _tf(self.step_counter) if self._dynamic and self.built else None
+    """Finite steps since the scale last changed; None if fixed."""
+    return _tf(self.step_counter) if self._dynamic else None
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
                       name: Optional[str] = None,

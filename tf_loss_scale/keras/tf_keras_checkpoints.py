@@ -78,18 +78,26 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
 
   A mixin before the wrapper's Keras 3 class: SavedModels and `.keras`
   files keep Keras 3's layout. The subclass has `inner_optimizer`, calls
-  `_start_tf_keras_layout(dynamic)` when constructed, and builds as
+  `_start_tf_keras_layout(scale_variables)` when constructed, and builds as
   `held = self._hold_inner_restorations()`, its Keras build, then
-  `self._finish_tf_keras_layout(scale, counter, held)`.
+  `self._finish_tf_keras_layout(held)`.
   """
 
   _delegates_saved_model = False
 
-  def _start_tf_keras_layout(self, dynamic: bool) -> None:
-    """Makes the nodes that exist before the variables they hold."""
+  def _start_tf_keras_layout(self, scale_variables: Optional[Any]) -> None:
+    """Makes the nodes, before the inner optimizer's slots exist.
+
+    Args:
+      scale_variables: The loss scale and good steps variables of a dynamic
+        scale, which a checkpoint restores at once; None for a fixed one.
+    """
+    loss_scale = None
+    if scale_variables is not None:
+      loss_scale = tf.Module()
+      loss_scale.current_loss_scale, loss_scale.good_steps = scale_variables
     # Set past Keras's attribute tracking: nodes of the checkpoint only.
-    object.__setattr__(self, '_tf_keras_loss_scale',
-                       tf.Module() if dynamic else None)
+    object.__setattr__(self, '_tf_keras_loss_scale', loss_scale)
     # Through a weak reference: a cycle would keep a dropped wrapper alive,
     # and its inner optimizer wrapped (`guards`).
     owner = weakref.ref(self)
@@ -119,13 +127,10 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
     return {name: deferred.pop(name) for name in list(deferred)
             if name not in _KERAS3_WRAPPER}
 
-  def _finish_tf_keras_layout(self, scale: Any, counter: Any,
-                              held: Dict[str, List[Any]]) -> None:
-    """Gives the nodes their variables, restoring what waited for them.
+  def _finish_tf_keras_layout(self, held: Dict[str, List[Any]]) -> None:
+    """Restores into the inner optimizer's slots what waited for them.
 
     Args:
-      scale: The loss scale variable.
-      counter: The good steps variable.
       held: What `_hold_inner_restorations` took before the build.
     """
     inner = self.inner_optimizer
@@ -136,10 +141,6 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
       child = children.get(name, children.get(_TF_KERAS_ALIASES.get(name)))
       if child is not None:
         private_api.restore_deferred(inner, name, child)
-    if self._tf_keras_loss_scale is not None:
-      # Assigning tracks them, and restores what a checkpoint holds for them.
-      self._tf_keras_loss_scale.current_loss_scale = scale
-      self._tf_keras_loss_scale.good_steps = counter
     self._tf_keras_variables.resolve()
 
   def _checkpoint_children(self, inner_children: Dict[str, Any]
