@@ -9,6 +9,7 @@ end run it too (`front_ends.KERAS_MIXED_PRECISION`).
 """
 
 import json
+import logging
 
 import keras
 import numpy as np
@@ -892,6 +893,46 @@ def test_loss_scale_factor_is_refused_and_other_names_stay_on_the_wrapper():
   opt.loss_scale_factor = None  # Its value already: accepted.
   opt.note = 'mine'
   assert opt.note == 'mine' and not hasattr(opt.inner_optimizer, 'note')
+
+
+def test_flags_stay_on_the_wrapper_as_tf_keras_and_a_warning_says_so(
+    caplog):
+  # Neither tf_keras's class (TF 2.4-2.15, around either kind of optimizer)
+  # nor Keras 3's forwards a flag such as `nesterov`: set on the wrapper, it
+  # stays there and the steps are plain momentum. Ours says so.
+  caplog.set_level(logging.WARNING)
+  weights = []
+  for opt, var in _pair(tf_keras.optimizers.SGD(0.125, momentum=0.5),
+                        keras.optimizers.SGD(0.125, momentum=0.5)):
+    with pytest.raises(AttributeError,
+                       match="object has no attribute 'nesterov'"):
+      opt.nesterov  # pylint: disable=pointless-statement
+    caplog.clear()
+    weights.append(_train_by_setting(opt, var, {'nesterov': True}))
+    assert (opt.nesterov, opt.inner_optimizer.nesterov) == (True, False)
+    warned = [r.getMessage() for r in caplog.records if 'nesterov' in
+              r.getMessage()]
+    if isinstance(opt, mixed_precision.LossScaleOptimizer):
+      assert warned == [
+          'LossScaleOptimizer.nesterov = True is set on the wrapper, where '
+          'nothing reads it (as on tf_keras\'s class): the inner optimizer '
+          'keeps nesterov=False. Set inner_optimizer.nesterov to change its '
+          'steps.']
+  assert weights[0] == weights[1]
+  # Momentum 0.5 without Nesterov: the second step moves by
+  # 0.125 * (0.5 * 1 + 2) = 0.3125 (Nesterov's would be 0.375).
+  assert weights[0][:2] == [[0.875, -2.375], [0.5625, -3.3125]]
+
+
+def test_a_non_optimizer_is_refused_in_tf_keras_words():
+  for make in (tf_keras.mixed_precision.LossScaleOptimizer,
+               mixed_precision.LossScaleOptimizer):
+    with pytest.raises(TypeError) as refused:
+      make(1)
+    assert str(refused.value).startswith(
+        '"inner_optimizer" must be an instance of '
+        '`tf.keras.optimizers.Optimizer` or '
+        '`tf.keras.optimizers.experimental.Optimizer`, but got: 1')
 
 
 def _reduce_clip_apply(make_opt, make_var, apply_kwargs):

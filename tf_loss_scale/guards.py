@@ -3,7 +3,7 @@
 One policy for every front end:
 `tf_loss_scale.MixedPrecisionLossScaleOptimizer`,
 `tf_loss_scale.keras.LossScaleOptimizer` (and TF 2.4-2.15's form, its
-subclass), and `tf_loss_scale.keras.experimental.LossScaleOptimizer` around
+subclass, in tf_keras's words), and `tf_loss_scale.keras.experimental.LossScaleOptimizer` around
 Keras 3 and around tf_keras optimizers. Each calls `check_new_wrapper` in
 its constructor and `check_step` when a step starts, before anything of
 the step is built, so a refused call changes nothing. Each form wraps its
@@ -28,11 +28,14 @@ class Form(NamedTuple):
     argument: The constructor argument that takes the optimizer.
     accepts: Tells whether an optimizer is of the family the form wraps.
     accepted: What the form wraps, for messages.
+    needed: What a message for another object says the argument must be,
+      in the words of the form's peer.
   """
   name: str
   argument: str
   accepts: Callable[[Any], bool]
   accepted: str
+  needed: str
 
 
 class WrapsAWrapperError(TypeError, ValueError):
@@ -57,16 +60,23 @@ def _is_keras_optimizer(optimizer: Any) -> bool:
 
 V1_FORM = Form(
     'tf_loss_scale.MixedPrecisionLossScaleOptimizer', 'opt', _is_v1_optimizer,
-    'a tf.compat.v1.train.Optimizer')
+    'a tf.compat.v1.train.Optimizer', 'an instance of Optimizer')
+# Keras 3's class checks nothing: its form's message takes the others' shape.
 KERAS_FORM = Form(
     'tf_loss_scale.keras.LossScaleOptimizer', 'inner_optimizer',
-    _is_keras3_optimizer, 'a Keras 3 optimizer (keras.optimizers.*)')
+    _is_keras3_optimizer, 'a Keras 3 optimizer (keras.optimizers.*)',
+    'a Keras 3 optimizer')
+MIXED_PRECISION_FORM = KERAS_FORM._replace(
+    name='tf_loss_scale.keras.mixed_precision.LossScaleOptimizer',
+    needed='an instance of `tf.keras.optimizers.Optimizer` or '
+    '`tf.keras.optimizers.experimental.Optimizer`')
 EXPERIMENTAL_FORM = Form(
     'tf_loss_scale.keras.experimental.LossScaleOptimizer', 'optimizer',
     _is_keras_optimizer,
     'a Keras 3 optimizer (keras.optimizers.*) or a Keras 2 optimizer '
     '(tf.keras.optimizers.* on TensorFlow 2.12-2.15, tf_keras.optimizers.*, '
-    'and their optimizers.legacy.*: the OptimizerV2 that TF 2.3 wrapped)')
+    'and their optimizers.legacy.*: the OptimizerV2 that TF 2.3 wrapped)',
+    'an instance of OptimizerV2')
 
 # Set by a wrapper on what it wraps: a weak reference, not to keep it alive.
 _HOLDER = '_tf_loss_scale_wrapper'
@@ -138,14 +148,10 @@ def check_family(optimizer: Any, form: Form) -> None:
   if form is V1_FORM:
     # TensorFlow's v1 wrapper raises ValueError, with these first words.
     raise ValueError(
-        f'"opt" must be an instance of Optimizer, but got: {type(optimizer)}. '
-        f'{form.name} wraps {form.accepted}. {hint}'.strip())
-  # TF 2.3's first words for the experimental form; the Keras 3 form's peer
-  # checks nothing, so its message takes the same shape.
-  needed = ('an instance of OptimizerV2' if form is EXPERIMENTAL_FORM else
-            'a Keras 3 optimizer')
+        f'"{form.argument}" must be {form.needed}, but got: '
+        f'{type(optimizer)}. {form.name} wraps {form.accepted}. {hint}'.strip())
   raise TypeError(
-      f'"{form.argument}" must be {needed}, but got: {optimizer}. '
+      f'"{form.argument}" must be {form.needed}, but got: {optimizer}. '
       f'{form.name} wraps {form.accepted}; got an object of type '
       f'{type(optimizer).__name__}. {hint}'.strip())
 

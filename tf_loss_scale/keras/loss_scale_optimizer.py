@@ -115,7 +115,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
         an out of range number, an inner optimizer that is a loss scale
         optimizer or is already wrapped; or under an unsupported strategy.
     """
-    guards.check_new_wrapper(inner_optimizer, guards.KERAS_FORM, self)
+    guards.check_new_wrapper(inner_optimizer, self._FORM, self)
     keras3_support.check_replicas_are_summed(f'{type(self).__name__}()')
     loss_scale_lib.check_scale_arguments(
         initial_scale, dynamic_growth_steps, floor=self._scale_floor())
@@ -133,6 +133,9 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     # checkpoints see what they hold.
     self._monitor = step_record.StepRecord()
     self._scratch = _Scratch()
+
+  # The front end, as the guards name it.
+  _FORM = guards.KERAS_FORM
 
   def _scale_floor(self) -> Optional[float]:
     """The lowest `initial_scale` taken: 1, where the scale never goes."""

@@ -5,10 +5,13 @@ TensorFlow 2.16 and later. A subclass of the Keras 3 form, so `compile`
 keeps it; see docs/differences.md.
 
 The forwarding rule, the one way settings reach the inner optimizer: once
-constructed, the wrapper reads and writes the inner optimizer's settings
-(the entries of its config but `name`: `learning_rate`, `use_ema`,
-`ema_momentum`, `clipnorm`, `momentum`, ...; `lr` is `learning_rate`) on
-the inner optimizer, as tf_keras's class forwarded its hyperparameters.
+constructed, the wrapper reads and writes on the inner optimizer what
+tf_keras's class forwarded: its hyperparameters, the entries of its config
+that are not flags (`learning_rate`, `momentum`, `clipnorm`,
+`ema_momentum`, ...; `lr` is `learning_rate`), as TF 2.4-2.10's did, and
+`use_ema`, as TF 2.11-2.15's did. A flag that picks the algorithm
+(`nesterov`, `amsgrad`, ...) was never forwarded: set on the wrapper it
+stays there, where nothing reads it, with a warning that says so.
 `loss_scale_factor` is the wrapper's and stays None (the wrapper scales
 the loss); `iterations` is the inner optimizer's count and cannot be
 replaced. Any other name is the wrapper's own attribute. Keras's `build`
@@ -20,9 +23,11 @@ import contextlib
 import numbers
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from absl import logging
 import keras
 import tensorflow as tf
 
+from tf_loss_scale import guards
 from tf_loss_scale import step
 from tf_loss_scale.keras import keras3_support
 from tf_loss_scale.keras import loss_scale_optimizer
@@ -89,6 +94,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   # and this one under Keras 3's protocol, hands each replica's, clipped
   # before the sum).
   _INNER_GETS_SUMS = True
+  _FORM = guards.MIXED_PRECISION_FORM
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
                dynamic: bool = True, initial_scale: Optional[float] = None,
@@ -137,7 +143,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if tf.is_tensor(initial_scale) or _is_number(initial_scale):
       initial_scale = float(initial_scale)  # As tf_keras's class keeps it.
     # Forwarded once constructed (Keras's `__init__` sets its own defaults).
-    object.__setattr__(self, '_forwarded', _forwarded_names(inner_optimizer))
+    # (Anything but an optimizer is refused by the guards, in tf_keras's
+    # words.)
+    forwarded, flags = (
+        _forwarding(inner_optimizer)
+        if isinstance(inner_optimizer, keras.optimizers.Optimizer) else
+        (frozenset(), frozenset()))
+    object.__setattr__(self, '_forwarded', forwarded)
+    object.__setattr__(self, '_flags', flags)
     # Set past Keras's attribute tracking, before Keras's `__init__` sets
     # `dynamic_growth_steps`.
     object.__setattr__(self, '_dynamic', dynamic)
@@ -168,6 +181,13 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if name in own['_forwarded']:
       setattr(own['inner_optimizer'], _ALIASES.get(name, name), value)
       return
+    if name in own['_flags']:
+      logging.warning(
+          '%s.%s = %r is set on the wrapper, where nothing reads it (as on '
+          'tf_keras\'s class): the inner optimizer keeps %s=%r. Set '
+          'inner_optimizer.%s to change its steps.', type(self).__name__,
+          name, value, name, getattr(own['inner_optimizer'], name, None),
+          name)
     if name == 'loss_scale_factor' and value is not None:
       raise ValueError(
           f'{type(self).__name__}.loss_scale_factor cannot be set to '
@@ -422,14 +442,15 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     return cls(inner, **config)
 
 
-def _forwarded_names(inner: keras.optimizers.Optimizer) -> frozenset:
-  # The forwarding rule's names (module docstring). Made before the Keras 3
-  # form's guards refuse what is not a Keras 3 optimizer, in their words.
-  if not isinstance(inner, keras.optimizers.Optimizer):
-    return frozenset()
+def _forwarding(inner: keras.optimizers.Optimizer
+               ) -> Tuple[frozenset, frozenset]:
+  """The names the rule forwards (module docstring), and the flags it does not."""
   with tf.init_scope():  # A config reads variables' values.
-    settings = frozenset(inner.get_config())
-  return settings - _NOT_FORWARDED | frozenset(_ALIASES)
+    config = inner.get_config()
+  flags = frozenset(name for name, value in config.items()
+                    if isinstance(value, bool) and name != 'use_ema')
+  return (frozenset(config) - flags - _NOT_FORWARDED | frozenset(_ALIASES),
+          flags)
 
 
 def _is_number(value: Any) -> bool:
