@@ -227,6 +227,12 @@ result = {
         compiled(keras.optimizers.SGD(0.1), auto_scale_loss=False)
     ) is keras.optimizers.SGD,
 }
+# Keras 3 wraps the optimizer anew on every compile, the first wrapper
+# still held or not.
+again = compiled(inner)
+result['recompiled around the same inner'] = [
+    type(again) is tf24.LossScaleOptimizer, again.inner_optimizer is inner,
+    again is not made]
 compat.uninstall()
 result['Keras made after uninstall'] = type(
     compiled(keras.optimizers.SGD(0.1))) is keras.optimizers.LossScaleOptimizer
@@ -243,4 +249,5 @@ def test_compile_made_keras_wrapper_is_replaced_only_while_installed():
       'settings': ['loss_scale_optimizer', 32768.0, 2000],
       'isinstance': True, 'a wrapper passed is kept': True,
       'no scaling asked, none added': True,
+      'recompiled around the same inner': [True, True, True],
       'Keras made after uninstall': True}

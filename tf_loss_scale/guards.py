@@ -134,6 +134,16 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
   setattr(optimizer, _HOLDER, weakref.ref(wrapper))
 
 
+def release(optimizer: Any) -> None:
+  """Forgets which wrapper of ours holds `optimizer`, if one does.
+
+  For a wrapper that takes `optimizer` over from one Keras's `compile`
+  made: Keras 3 lets every `compile` wrap the optimizer anew, whatever
+  wrapped it before.
+  """
+  vars(optimizer).pop(_HOLDER, None)
+
+
 def check_family(optimizer: Any, form: Form) -> None:
   """Refuses an optimizer of a family `form` does not wrap.
 

@@ -141,6 +141,7 @@ def compile_with_policy_loss_scale(
     # one the caller passed.
     if (keras_wrapper is not None and type(made) is keras_wrapper and
         made is not optimizer):
+      guards.release(made.inner_optimizer)
       model.optimizer = tf24_form(
           made.inner_optimizer, initial_scale=made.initial_scale,
           dynamic_growth_steps=made.dynamic_growth_steps, name=made.name)
