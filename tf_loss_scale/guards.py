@@ -3,8 +3,9 @@
 One policy for every front end:
 `tf_loss_scale.MixedPrecisionLossScaleOptimizer`,
 `tf_loss_scale.keras.LossScaleOptimizer` (and TF 2.4-2.15's form, its
-subclass, in tf_keras's words), and `tf_loss_scale.keras.experimental.LossScaleOptimizer` around
-Keras 3 and around tf_keras optimizers. Each calls `check_new_wrapper` in
+subclass, in tf_keras's words), and
+`tf_loss_scale.keras.experimental.LossScaleOptimizer` around Keras 3 and
+around tf_keras optimizers. Each calls `check_new_wrapper` in
 its constructor and `check_step` when a step starts, before anything of
 the step is built, so a refused call changes nothing. Each form wraps its
 own family; no loss scale optimizer is wrapped, nor an optimizer a live one

@@ -444,7 +444,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
 def _forwarding(inner: keras.optimizers.Optimizer
                ) -> Tuple[frozenset, frozenset]:
-  """The names the rule forwards (module docstring), and the flags it does not."""
+  """The names the rule forwards (module docstring), and the flags it keeps."""
   with tf.init_scope():  # A config reads variables' values.
     config = inner.get_config()
   flags = frozenset(name for name, value in config.items()
