@@ -367,7 +367,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     with tape:
       if callable(loss) and not callable(var_list):
         # As tf_keras: variables that are not trainable get gradients too.
-        tape.watch([v.value if isinstance(v, keras.Variable) else v
+        # (A Keras variable holds its tf.Variable; on Keras 3.3 a model's
+        # are not instances of `keras.Variable`.)
+        tape.watch([v if isinstance(v, tf.Variable) else _tf(v)
                     for v in var_list])
       scaled_loss = self.get_scaled_loss(loss)
       if callable(scaled_loss):
