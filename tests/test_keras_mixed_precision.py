@@ -731,6 +731,22 @@ def test_compute_gradients_returns_unscaled_pairs_as_tf_keras():
       [[6.0, 12.0], 5.0, None, [6.0, 12.0], None, [0.5, 0.5]], 8.0)
 
 
+def test_compute_gradients_of_a_layers_variables_as_tf_keras():
+  # A layer's variables are watched as any others (on Keras 3.3 they are
+  # not instances of `keras.Variable`, which `tape.watch` refuses).
+  results = []
+  for k, make in ((keras, mixed_precision.LossScaleOptimizer),
+                  (tf_keras, tf_keras.mixed_precision.LossScaleOptimizer)):
+    opt = make(k.optimizers.SGD(1.0), initial_scale=8)
+    layer = k.layers.Dense(1, use_bias=False, kernel_initializer='ones')
+    layer.build((None, 2))
+    x = tf.constant([[1.0, 2.0]])
+    pairs = opt.compute_gradients(lambda: tf.reduce_sum(layer(x)) * 3.0,  # pylint: disable=cell-var-from-loop
+                                  layer.trainable_variables)
+    results.append([g.numpy().tolist() for g, _ in pairs])
+  assert results[0] == results[1] == [[[3.0], [6.0]]]
+
+
 def test_compute_gradients_of_a_tensor_without_its_tape_says_what_to_do():
   opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0))
   var = keras.Variable(1.0)
