@@ -143,12 +143,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if tf.is_tensor(initial_scale) or _is_number(initial_scale):
       initial_scale = float(initial_scale)  # As tf_keras's class keeps it.
     # Forwarded once constructed (Keras's `__init__` sets its own defaults).
-    # (Anything but an optimizer is refused by the guards, in tf_keras's
-    # words.)
-    forwarded, flags = (
-        _forwarding(inner_optimizer)
-        if isinstance(inner_optimizer, keras.optimizers.Optimizer) else
-        (frozenset(), frozenset()))
+    forwarded, flags = _forwarding(inner_optimizer)
     object.__setattr__(self, '_forwarded', forwarded)
     object.__setattr__(self, '_flags', flags)
     # Set past Keras's attribute tracking, before Keras's `__init__` sets
@@ -447,6 +442,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 def _forwarding(inner: keras.optimizers.Optimizer
                ) -> Tuple[frozenset, frozenset]:
   """The names the rule forwards (module docstring), and the flags it keeps."""
+  if not isinstance(inner, keras.optimizers.Optimizer):
+    return frozenset(), frozenset()  # The guards refuse it, in their words.
   with tf.init_scope():  # A config reads variables' values.
     config = inner.get_config()
   flags = frozenset(name for name, value in config.items()

@@ -55,12 +55,12 @@ _KERAS3_WRAPPER = frozenset({'inner_optimizer', 'dynamic_scale',
                              'step_counter'})
 # The dependencies that are not slots, by name in both Keras.
 _COUNTERS = ('_iterations', '_learning_rate')
-# Names a checkpoint may hold for what is saved here under another: tf_keras's
-# Lion's slot list, and the step count of a Keras 3 optimizer before 3.9.
-_TF_KERAS_ALIASES = {'momentums': '_momentums', 'iterations': '_iterations'}
 # Keras 3 before 3.9 names its step count `iterations`; tf_keras, and Keras
 # 3 from 3.9, `_iterations`.
 _KERAS3_RENAMED = {'iterations': '_iterations'}
+# Names a checkpoint may hold for what is saved here under another: tf_keras's
+# Lion's slot list, and the step count of a Keras 3 optimizer before 3.9.
+_TF_KERAS_ALIASES = {'momentums': '_momentums', **_KERAS3_RENAMED}
 # Keras 3's optimizers that make their variables in the order tf_keras's
 # namesakes do, so that `_variables/{i}` of tf_keras's is the i-th of
 # Keras 3's less its learning rate (tests/test_keras_mixed_precision_
