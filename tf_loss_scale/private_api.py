@@ -210,32 +210,24 @@ def restore_deferred(trackable: Any, name: str, child: Any) -> None:
 
 
 class IndexedChildren(tf.__internal__.tracking.Trackable):
-  """A checkpoint node with a list's layout: its children are '0', '1', ...
+  """A checkpoint node read as a list (children '0', '1', ...), never saved.
 
-  Hooks: `_trackable_children` and `_lookup_dependency` as in
-  `DelegatesCheckpointToInner`, and `restore_deferred`, with which it hands
-  an object created after a restore the values that restore left for it. Why: tf_keras's optimizers save
-  their variables as a list that Keras 3's optimizers order otherwise; a
-  node of that layout has to be made of Keras 3's variables.
+  Hooks: `_lookup_dependency` as in `DelegatesCheckpointToInner`, and
+  `restore_deferred`, with which it hands an object created after a restore
+  the values that restore left for it. Why: the list `_variables` of an
+  optimizer's node holds other variables in tf_keras's layout than in
+  Keras's, which is known only once the node's names have all been seen.
   """
 
-  def __init__(self, saved: Callable[[], Dict[int, Any]],
-               restoring: Callable[[int], Any]):
+  def __init__(self, restoring: Callable[[int], Any]):
     """Makes the node.
 
     Args:
-      saved: Returns the objects to save, by index (there may be gaps).
       restoring: Given an index found in a checkpoint, returns the object
         that restores it, or None to leave its values until `resolve`.
     """
     self._maybe_initialize_trackable()
-    self._saved = saved
     self._restoring = restoring
-
-  def _trackable_children(self, save_type='checkpoint', **kwargs
-                         ) -> Dict[str, Any]:
-    del save_type, kwargs  # The same list for every kind of save.
-    return {str(i): child for i, child in sorted(self._saved().items())}
 
   def _lookup_dependency(self, name: str, cached_dependencies=None) -> Any:
     del cached_dependencies

@@ -67,7 +67,7 @@ class _TakesKerasClassInstances(type(keras.optimizers.LossScaleOptimizer)):
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.mixed_precision', name='LossScaleOptimizer')
 class LossScaleOptimizer(protocols.TwoProtocols,
-                         tf_keras_checkpoints.TfKerasCheckpointLayout,
+                         tf_keras_checkpoints.ReadsTfKerasLayout,
                          loss_scale_optimizer.LossScaleOptimizer,
                          metaclass=_TakesKerasClassInstances):
   """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
@@ -155,8 +155,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         (_GROWTH_STEPS if dynamic_growth_steps is None else
          dynamic_growth_steps), name=name)
     self._make_scale_variables()
-    self._start_tf_keras_layout(
-        (self.dynamic_scale, self.step_counter) if dynamic else None)
+    self._start_reading_tf_keras()
     object.__setattr__(self, '_constructed', True)
 
   # ---- the forwarding rule (module docstring) ------------------------------
@@ -225,7 +224,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
               name='dynamic_scale'),
       }
     for name, variable in made.items():
-      object.__setattr__(self, name, variable)
+      setattr(self, name, variable)  # Tracked: Keras's checkpoint names.
     object.__setattr__(self, '_made_before_build', made)
 
   def add_variable(self, *args: Any, **kwargs: Any) -> Any:
@@ -237,10 +236,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
-    held = self._hold_inner_restorations()
     with self._wrapper_settings():
       super().build(var_list)
-    self._finish_tf_keras_layout(held)
+    self._restore_left_for_inner()
 
   def _scale_floor(self) -> Optional[float]:
     # A fixed scale may be below 1, as TF 2.4-2.15's; a dynamic one not.

@@ -1,40 +1,38 @@
-"""tf_keras's checkpoint layout for a wrapper of a Keras 3 optimizer.
+"""Reading tf_keras's checkpoint layout into the wrapper of a Keras 3 optimizer.
 
-tf_keras's `mixed_precision.LossScaleOptimizer` stands in for its inner
-optimizer in a `tf.train.Checkpoint`: the optimizer's node holds what the
-inner optimizer saves, plus `loss_scale/current_loss_scale` and
-`loss_scale/good_steps` when the scale is dynamic. A tf_keras optimizer saves
+The wrapper saves Keras's layout, as `keras.optimizers.LossScaleOptimizer`
+does (its own `_iterations`, `_learning_rate` and `_variables`, which never
+move, `step_counter`, `dynamic_scale`, `_trainable_variables`, and the
+inner optimizer under `inner_optimizer`), so that a Keras 3 program writes
+the same file with and without `tf_loss_scale.compat.install()`. tf_keras's
+class cannot read that layout.
 
-  `_iterations`, and `_learning_rate` unless it is a schedule;
-  its slots in lists named by kind, one entry per variable it was built for
-    in that order (`_momentums/1` is Adam's first moment of the second
-    variable, `momentums/1` SGD's momentum);
-  `_variables`: the step count, then the slots in the order it made them.
+It also reads what tf_keras's `mixed_precision.LossScaleOptimizer` wrote:
+there the optimizer's node holds what the inner optimizer saves, plus
+`loss_scale/current_loss_scale` and `loss_scale/good_steps` when the scale
+is dynamic. A tf_keras optimizer saves `_iterations`, `_learning_rate`
+unless it is a schedule, its slots in lists named by kind, one entry per
+variable (`_momentums/1` is Adam's first moment of the second variable;
+tf_keras's Lion says `momentums` where Keras 3's says `_momentums`), and
+`_variables`: the step count, then the slots in the order it made them
+(Keras 3's optimizers put the learning rate second).
 
-A Keras 3 optimizer saves the same names for the same lists (Lion's
-`_momentums` excepted: tf_keras's Lion says `momentums`), but its
-`_variables` also holds the learning rate after the step count, and it adds
-`_trainable_variables`.
-
-So the wrapper saves the Keras 3 optimizer's named dependencies, then a
-`_variables` with the step count and only the variables that no name
-reaches, at tf_keras's positions: a slot is saved and restored by kind and
-variable, never by position. A position is where the two Keras disagree,
-and a slot restored by it lands, unseen, in a slot of the same shape: Keras
-3 reads `_variables/2` as the first slot, tf_keras as the second. tf_keras
-reads slots by name too, so its class restores this layout whole.
-
-Restoring, `_variables` of a checkpoint written by tf_keras is read for
-the step count and, where Keras 3's optimizer orders its slots as its
-tf_keras namesake does, for the slots (which tf_keras, restored before its
-build, saves by position only); it is left to the names when Keras 3 wrote
-it, bare or wrapped as this library's earlier releases saved this class
-(`inner_optimizer`, `dynamic_scale`, `step_counter`, answered too). So
-checkpoints of tf_keras's class, of a bare tf_keras or Keras 3 optimizer,
-and of this layout restore into the wrapper, before or after it is built,
-and this layout restores into tf_keras's class and into a bare tf_keras or
-Keras 3 optimizer (Keras 3's SGD: once built, as it replaces its
-`momentums` list when it builds).
+So `_iterations`, `_learning_rate` and `_variables` mean the wrapper's own
+variables in Keras's layout and the inner optimizer's in tf_keras's (and in
+a bare optimizer's checkpoint, of either Keras; and `_iterations` in
+this library's earlier layout, Keras's with tf_keras's `loss_scale` and the
+inner step count at `_iterations`). TensorFlow looks a node's
+names up one at a time, in the file's order, so the layout is known only
+once all of them are seen: Keras's when the node holds `inner_optimizer`.
+The first two are left for later, and restored when the checkpoint visits
+`_variables`, after the node's names (or at the build, at the latest), into
+the variables of the layout the file was written in. `_variables/{i}` of
+tf_keras's is read, after the step count, only where Keras 3's optimizer
+orders its slots as its tf_keras namesake does; a checkpoint whose
+positions cannot be read (tf_keras's Adafactor) is refused before anything
+of the optimizer is restored. The slots tf_keras saved by name go to the
+inner optimizer's lists of that name, when it has them (at once, or at its
+build).
 """
 
 from typing import Any, Dict, List, Optional, Set
@@ -45,20 +43,18 @@ import tensorflow as tf
 from tf_loss_scale import private_api
 from tf_loss_scale.keras import keras3_support
 
-# What a Keras 3 optimizer saves that tf_keras's do not: the variables it
-# was built for (the model's own, saved with the model).
-_KERAS3_ONLY = frozenset({'_trainable_variables',
-                          '_trainable_variables_indices'})
-# What this library saved under this class before it took tf_keras's
-# layout (Keras 3's `LossScaleOptimizer`'s, plus tf_keras's names).
-_KERAS3_WRAPPER = frozenset({'inner_optimizer', 'dynamic_scale',
-                             'step_counter'})
-# The dependencies that are not slots, by name in both Keras.
+# The names only Keras 3's wrapper saves: a node holding one was written by
+# Keras's class (or by this one).
+_KERAS3_WRAPPER = 'inner_optimizer'
+# The name only a bare Keras 3 optimizer saves (its `_variables` are then
+# in Keras 3's order).
+_KERAS3_ONLY = '_trainable_variables'
+# The names whose meaning depends on the layout: left until it is known.
 _COUNTERS = ('_iterations', '_learning_rate')
 # Keras 3 before 3.9 names its step count `iterations`; tf_keras, and Keras
 # 3 from 3.9, `_iterations`.
 _KERAS3_RENAMED = {'iterations': '_iterations'}
-# Names a checkpoint may hold for what is saved here under another: tf_keras's
+# Names a checkpoint may hold for what Keras 3 names otherwise: tf_keras's
 # Lion's slot list, and the step count of a Keras 3 optimizer before 3.9.
 _TF_KERAS_ALIASES = {'momentums': '_momentums', **_KERAS3_RENAMED}
 # Keras 3's optimizers that make their variables in the order tf_keras's
@@ -73,130 +69,113 @@ _SAME_ORDER_AS_TF_KERAS = frozenset({
 _OTHER_VARIABLES_THAN_TF_KERAS = frozenset({'Adafactor'})
 
 
-class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
-  """Saves and restores a Keras 3 optimizer's wrapper as tf_keras's class.
+class _Visit:
+  """What one restore of the wrapper's node has shown of its layout."""
 
-  A mixin before the wrapper's Keras 3 class: SavedModels and `.keras`
-  files keep Keras 3's layout. The subclass has `inner_optimizer`, calls
-  `_start_tf_keras_layout(scale_variables)` when constructed, and builds as
-  `held = self._hold_inner_restorations()`, its Keras build, then
-  `self._finish_tf_keras_layout(held)`.
+  def __init__(self, children: Optional[Dict[str, Any]] = None):
+    self.children = children
+    self.names: Set[str] = set()
+
+  @property
+  def keras_wrapper(self) -> bool:
+    return _KERAS3_WRAPPER in self.names
+
+  @property
+  def keras_bare(self) -> bool:
+    return _KERAS3_ONLY in self.names and not self.keras_wrapper
+
+
+class ReadsTfKerasLayout:
+  """Reads tf_keras's layout too, into a Keras 3 `LossScaleOptimizer`.
+
+  A mixin before the wrapper's Keras 3 class, which saves Keras's layout.
+  The subclass has `inner_optimizer`, `dynamic_scale` and `step_counter`
+  from its construction, calls `_start_reading_tf_keras()` then, and
+  `_restore_left_for_inner()` at the end of its `build`.
   """
 
-  _delegates_saved_model = False
-
-  def _start_tf_keras_layout(self, scale_variables: Optional[Any]) -> None:
-    """Makes the nodes, before the inner optimizer's slots exist.
-
-    Args:
-      scale_variables: The loss scale and good steps variables of a dynamic
-        scale, which a checkpoint restores at once; None for a fixed one.
-    """
-    loss_scale = None
-    if scale_variables is not None:
-      loss_scale = tf.Module()
-      loss_scale.current_loss_scale, loss_scale.good_steps = scale_variables
-    # Set past Keras's attribute tracking: nodes of the checkpoint only.
+  def _start_reading_tf_keras(self) -> None:
+    loss_scale = tf.Module()
+    loss_scale.current_loss_scale = self.dynamic_scale
+    loss_scale.good_steps = self.step_counter
+    # Set past Keras's attribute tracking: nodes read, never written.
     object.__setattr__(self, '_tf_keras_loss_scale', loss_scale)
     # Through a weak reference: a cycle would keep a dropped wrapper alive,
     # and its inner optimizer wrapped (`guards`).
     owner = weakref.ref(self)
-    object.__setattr__(self, '_tf_keras_variables',
-                       private_api.IndexedChildren(
-                           lambda: owner()._tf_keras_variables_to_save(),
-                           lambda i: owner()._tf_keras_variable_to_restore(i)))
-    object.__setattr__(self, '_restore_visit', None)
-    object.__setattr__(self, '_restoring_keras3_layout', False)
-
-  def _hold_inner_restorations(self) -> Dict[str, List[Any]]:
-    """Takes what restores left for the inner optimizer's dependencies.
-
-    Call it before the inner optimizer builds, and hand the result to
-    `_finish_tf_keras_layout`: an optimizer that names a list and then
-    replaces it (Keras 3's SGD, `momentums`) would leave the values with
-    the first list. The wrapper's own names stay for Keras to restore.
-    """
-    positions = [int(name) for name in
-                 private_api.deferred_restorations(self._tf_keras_variables)
-                 if name.isdigit() and name != '0']
-    if (positions and self._restore_visit is not None and
-        not self._restoring_keras3_layout):
-      # Refuses before anything of the optimizer restores.
-      self._positions_are_tf_keras(min(positions))
-    deferred = private_api.deferred_restorations(self.inner_optimizer)
-    return {name: deferred.pop(name) for name in list(deferred)
-            if name not in _KERAS3_WRAPPER}
-
-  def _finish_tf_keras_layout(self, held: Dict[str, List[Any]]) -> None:
-    """Restores into the inner optimizer's slots what waited for them.
-
-    Args:
-      held: What `_hold_inner_restorations` took before the build.
-    """
-    inner = self.inner_optimizer
-    deferred = private_api.deferred_restorations(inner)
-    children = self._inner_children()
-    for name, positions in held.items():
-      deferred.setdefault(name, []).extend(positions)
-      child = children.get(name, children.get(_TF_KERAS_ALIASES.get(name)))
-      if child is not None:
-        private_api.restore_deferred(inner, name, child)
-    self._tf_keras_variables.resolve()
-
-  def _checkpoint_children(self, inner_children: Dict[str, Any]
-                          ) -> Dict[str, Any]:
-    inner_children = _renamed(inner_children)
-    children = {name: inner_children[name] for name in _COUNTERS
-                if name in inner_children}
-    children.update(
-        (name, child) for name, child in inner_children.items()
-        if name not in _KERAS3_ONLY and name != '_variables')
-    children['_variables'] = self._tf_keras_variables
-    if self._tf_keras_loss_scale is not None:
-      children['loss_scale'] = self._tf_keras_loss_scale
-    return children
+    object.__setattr__(self, '_read_variables', private_api.IndexedChildren(
+        lambda i: owner()._variable_to_restore(i)))
+    object.__setattr__(self, '_visit', _Visit())
 
   def _lookup_dependency(self, name: str, cached_dependencies=None) -> Any:
-    # Restoring, TensorFlow 2.13 and later pass the children; 2.12 does not,
-    # and neither does Keras's attribute tracking, which asks whether a name
-    # is taken: Keras names its own attributes in the constructor, before
-    # the layout starts, and `_trainable_variables` in `build`.
-    if cached_dependencies is None:
-      if (self.__dict__.get('_tf_keras_variables') is None or
-          name in _KERAS3_ONLY):
-        # Keras's own answer, past the delegation's.
-        return super(private_api.DelegatesCheckpointToInner,
-                     self)._lookup_dependency(name)
-      return self._checkpoint_dependency(name, self._trackable_children())
-    self._note_restored_name(name, cached_dependencies)
-    return self._checkpoint_dependency(name, cached_dependencies)
+    # Without the children (Keras's attribute tracking, which asks whether a
+    # name is taken, or TensorFlow 2.12 restoring), Keras's own answer.
+    if cached_dependencies is None or '_visit' not in self.__dict__:
+      return super()._lookup_dependency(name, cached_dependencies)
+    if cached_dependencies is not self._visit.children:
+      # A new restore: TensorFlow looks up every name of the node with one
+      # `children` before it visits the next level.
+      object.__setattr__(self, '_visit', _Visit(cached_dependencies))
+    self._visit.names.add(name)
+    if name in _COUNTERS or name in _KERAS3_RENAMED:
+      return None  # Left until the layout is known (`_settle`).
+    if name == '_variables':
+      return self._read_variables
+    if name == 'loss_scale':
+      return self._tf_keras_loss_scale
+    if name in cached_dependencies:
+      return cached_dependencies[name]
+    return self._inner_child(name)  # tf_keras's: a slot list of the inner.
 
-  def _note_restored_name(self, name: str, children: Dict[str, Any]) -> None:
-    """Tells from the names of a restore whether Keras 3 wrote it.
+  def _settle(self) -> None:
+    """Restores what waits under the names both layouts use, as the file's."""
+    deferred = private_api.deferred_restorations(self)
+    for name in [n for n in deferred if n in _COUNTERS or n in _KERAS3_RENAMED]:
+      if self._visit.keras_wrapper and not (
+          name != '_learning_rate' and 'loss_scale' in self._visit.names):
+        target = private_api.checkpoint_children(self).get(name)
+      else:
+        target = self._inner_child(name)
+      if target is not None:
+        private_api.restore_deferred(self, name, target)
 
-    TensorFlow looks up every name of a node with one `children` before it
-    visits the next level (`_variables`' entries): a new `children` is a
-    new restore. Without them (TensorFlow 2.12) nothing is known, and
-    `_variables` is read for the step count alone.
-    """
-    if children is not self._restore_visit:
-      object.__setattr__(self, '_restore_visit', children)
-      object.__setattr__(self, '_restoring_keras3_layout', False)
-    if name in _KERAS3_ONLY or name in _KERAS3_WRAPPER:
-      object.__setattr__(self, '_restoring_keras3_layout', True)
+  def _restore_left_for_inner(self) -> None:
+    """Restores into the inner optimizer, once built, what waited for it."""
+    self._settle()
+    own = private_api.checkpoint_children(self)
+    for name in list(private_api.deferred_restorations(self)):
+      child = None if name in own else self._inner_child(name)
+      if child is not None:
+        private_api.restore_deferred(self, name, child)
+    self._read_variables.resolve()
 
-  def _checkpoint_dependency(self, name: str, children: Dict[str, Any]
-                            ) -> Any:
-    if name in _KERAS3_WRAPPER:
-      # Keras 3's `LossScaleOptimizer` layout: its own names.
-      return getattr(self, name, None)
-    if name in children:
-      return children[name]
-    alias = _TF_KERAS_ALIASES.get(name)
-    return children.get(alias) if alias else None
+  def _inner_child(self, name: str) -> Any:
+    children = self._inner_children()
+    return children.get(name, children.get(_TF_KERAS_ALIASES.get(name)))
 
   def _inner_children(self) -> Dict[str, Any]:
     return _renamed(private_api.checkpoint_children(self.inner_optimizer))
+
+  def _variable_to_restore(self, index: int) -> Optional[Any]:
+    """What restores `_variables/{index}` of the file; None to wait."""
+    visit = self._visit
+    tf_keras = not (visit.keras_wrapper or visit.keras_bare)
+    if tf_keras and visit.children is not None:
+      self._refuse_other_variables()  # Before anything of it restores.
+    self._settle()  # The node's names are all known now.
+    if visit.keras_wrapper or visit.keras_bare:
+      owner = self if visit.keras_wrapper else self.inner_optimizer
+      variables = private_api.checkpoint_children(owner).get('_variables', [])
+      return variables[index] if index < len(variables) else None
+    if index and visit.children is None:
+      return None  # Unknown (TensorFlow 2.12): read by their names.
+    # tf_keras's order.
+    if index and not self._positions_are_tf_keras():
+      return None
+    variables = self._tf_keras_variable_list()
+    if index >= len(variables):
+      return None  # Not built yet: `_restore_left_for_inner` restores it.
+    return variables[index]
 
   def _tf_keras_variable_list(self) -> List[Any]:
     """`_variables` as tf_keras's: the step count, then the rest by creation."""
@@ -206,76 +185,37 @@ class TfKerasCheckpointLayout(private_api.DelegatesCheckpointToInner):
         v for v in self.inner_optimizer.variables
         if not any(v is counter for counter in counters)]
 
-  def _tf_keras_variables_to_save(self) -> Dict[int, Any]:
-    """The entries of `_variables` saved: those no name of the inner reaches.
-
-    A slot saved by position would be read by a bare Keras 3 optimizer that
-    builds after restoring in Keras 3's order (the learning rate second),
-    into another slot of the same shape; tf_keras reads slots by name.
-    """
-    named = self._ids_with_names()
-    return {i: v for i, v in enumerate(self._tf_keras_variable_list())
-            if i == 0 or id(v) not in named}
-
-  def _tf_keras_variable_to_restore(self, index: int) -> Optional[Any]:
-    """What restores `_variables/{index}` of a checkpoint; None to wait."""
-    if self._restoring_keras3_layout or (
-        index and self._restore_visit is None):
-      return None  # Keras 3's order, or unknown: read by their names.
-    variables = self._tf_keras_variable_list()
-    if index >= len(variables):
-      return None  # Not built yet: `_finish_tf_keras_layout` restores it.
-    variable = variables[index]
-    if index == 0 or self._positions_are_tf_keras(index):
-      # tf_keras saved its slots by position and, after a restore before
-      # its build, by position only; they are the same variables as by
-      # name, when both exist.
-      return variable
-    if id(variable) in self._ids_with_names():
-      return None  # Restored by kind and variable, by its name.
-    return variable
-
-  def _positions_are_tf_keras(self, index: int) -> bool:
-    """Whether `_variables/{i}` of tf_keras's is the inner's i-th slot.
-
-    Args:
-      index: The first position of tf_keras's a checkpoint holds (for the
-        message).
+  def _refuse_other_variables(self) -> None:
+    """Refuses tf_keras's positions for an inner optimizer that differs.
 
     Raises:
       ValueError: For an inner optimizer whose variables differ from those
         of its tf_keras namesake.
     """
-    inner = self.inner_optimizer
-    name = type(inner).__name__
-    from_keras = type(inner).__module__.startswith('keras.')
-    if from_keras and name in _OTHER_VARIABLES_THAN_TF_KERAS:
+    name = type(self.inner_optimizer).__name__
+    if _from_keras(self.inner_optimizer) and (
+        name in _OTHER_VARIABLES_THAN_TF_KERAS):
       raise ValueError(
           f'This checkpoint holds tf_keras\'s {name} variables by position '
-          f'(`optimizer/_variables/{index}` on), and Keras 3\'s {name} keeps '
-          'other variables (its factored second moments differ for '
-          'variables of fewer than two dimensions): restoring them would '
+          '(`optimizer/_variables/1` on), and Keras 3\'s '
+          f'{name} keeps other variables (its factored second moments differ '
+          'for variables of fewer than two dimensions): restoring them would '
           'put values into the wrong variables, so nothing of the optimizer '
-          'is restored. Restore the '
-          'checkpoint with tf_keras\'s optimizer, or continue from the model '
-          'weights with a fresh optimizer (restore the model alone).')
-    return (from_keras and keras3_support.SAVES_AS_TF_KERAS and
-            name in _SAME_ORDER_AS_TF_KERAS and
+          'is restored. Restore the checkpoint with tf_keras\'s optimizer, '
+          'or continue from the model weights with a fresh optimizer '
+          '(restore the model alone).')
+
+  def _positions_are_tf_keras(self) -> bool:
+    """Whether `_variables/{i}` of tf_keras's is the inner's i-th slot."""
+    inner = self.inner_optimizer
+    return (_from_keras(inner) and keras3_support.SAVES_AS_TF_KERAS and
+            type(inner).__name__ in _SAME_ORDER_AS_TF_KERAS and
             not getattr(inner, 'use_ema', False) and
             not getattr(inner, 'gradient_accumulation_steps', None))
 
-  def _ids_with_names(self) -> Set[int]:
-    """`id`s of the inner's variables that a name of its own reaches.
 
-    (The inner optimizer holds them: an `id` is not reused meanwhile.)
-    """
-    found = set()
-    for name, child in self._inner_children().items():
-      if name in _KERAS3_ONLY or name == '_variables':
-        continue
-      found.add(id(child))
-      found.update(map(id, private_api.checkpoint_children(child).values()))
-    return found
+def _from_keras(optimizer: Any) -> bool:
+  return type(optimizer).__module__.startswith('keras.')
 
 
 def _renamed(children: Dict[str, Any]) -> Dict[str, Any]:
