@@ -42,6 +42,8 @@ _GROWTH_STEPS = 2000
 _KERAS2_ONLY_SETTINGS = ('jit_compile', 'is_legacy_optimizer')
 # Config entries of a Keras 3 optimizer that are not forwarded settings.
 _NOT_FORWARDED = frozenset({'name', 'loss_scale_factor'})
+# What a config holds of this class's arguments (Keras's or tf_keras's).
+_OWN_CONFIG = ('dynamic', 'initial_scale', 'dynamic_growth_steps', 'name')
 # TF 2.4-2.10's other names for forwarded settings.
 _ALIASES = {'lr': 'learning_rate'}
 
@@ -85,7 +87,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   `apply_gradients` takes unscaled gradients unless `scale_loss` was
   called (`tf_loss_scale.keras.protocols`). A fixed scale (`dynamic=False`)
   applies every step, even a non-finite one, as TF 2.4-2.15's did. Config
-  and checkpoint layout are tf_keras's.
+  and checkpoint layout are Keras's (tf_keras's configs and checkpoints are
+  read too).
   """
 
   # As tf_keras's class, on a step of TensorFlow's protocol: under a
@@ -404,13 +407,18 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                        None if scale is None else (scale, counter))
 
   def get_config(self) -> Dict[str, Any]:
-    """TF 2.4-2.15's config: the inner optimizer and the three arguments."""
-    return {
-        'inner_optimizer': keras.optimizers.serialize(self.inner_optimizer),
-        'dynamic': self.dynamic,
-        'initial_scale': self.initial_scale,
-        'dynamic_growth_steps': self.dynamic_growth_steps,
-    }
+    """Keras's config (with `name`), so that Keras loads it without us.
+
+    A fixed scale adds `dynamic: False`, which Keras's class refuses, as it
+    refuses a fixed scale.
+    """
+    # The wrapper's own settings (the defaults), not the forwarded ones: the
+    # inner optimizer's are in its own config.
+    with self._wrapper_settings():
+      config = super().get_config()
+    if not self._dynamic:
+      config['dynamic'] = False
+    return config
 
   @classmethod
   def from_config(cls, config: Dict[str, Any],
@@ -419,12 +427,16 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Recreates the optimizer (without its state) from a config.
 
     Args:
-      config: The output of `get_config` of this class or of tf_keras's
-        (not modified).
+      config: The output of `get_config` of this class, of Keras's, or of
+        tf_keras's (not modified).
       custom_objects: Names to classes, for a custom inner optimizer.
 
     Returns:
       A new, unbuilt `LossScaleOptimizer`.
+
+    Raises:
+      ValueError: For a base optimizer setting with another value than its
+        default (Keras's message).
     """
     config = dict(config)
     inner = config.pop('inner_optimizer')
@@ -434,7 +446,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
           if k not in _KERAS2_ONLY_SETTINGS})
       inner = keras.optimizers.deserialize(inner,
                                            custom_objects=custom_objects)
-    return cls(inner, **config)
+    own = {name: config.pop(name) for name in _OWN_CONFIG if name in config}
+    # Keras's config holds the base optimizer's settings at their defaults.
+    loss_scale_optimizer._without_base_optimizer_defaults(  # pylint: disable=protected-access
+        cls.__name__, config)
+    return cls(inner, **own)
 
 
 def _forwarding(inner: keras.optimizers.Optimizer
