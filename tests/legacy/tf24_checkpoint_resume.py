@@ -7,7 +7,8 @@ skipped; the second run must resume at 2**14 with two finite steps counted
 (at 2**15 its steps would not overflow, and the scale and counter would
 end elsewhere), and every variable must be bound to the checkpoint's
 value. Run it twice in one directory, e.g. first with TensorFlow
-2.15 or tf_keras, then with the TensorFlow to move to.
+2.15 or tf_keras, then with the TensorFlow to move to (not back: tf_keras's
+class cannot read what the class under the name writes on Keras 3).
 """
 # Runs after: compat.install()
 # Keras: yes
@@ -26,6 +27,23 @@ checkpoint = tf.train.Checkpoint(w=w, optimizer=opt)
 manager = tf.train.CheckpointManager(checkpoint, 'checkpoints', max_to_keep=2)
 resumed = manager.latest_checkpoint is not None
 status = checkpoint.restore(manager.latest_checkpoint)
+
+
+def assert_bound(status):
+  """Every variable took the checkpoint's value, but two the file lacks.
+
+  On Keras 3 the class under the name (after `compat.install()`) saves
+  Keras's layout, which holds the wrapper's own step count and learning
+  rate (constants: the inner optimizer's are used); tf_keras's file, read
+  whole, has no place for them. tf_keras's class cannot read Keras's layout.
+  """
+  try:
+    status.assert_existing_objects_matched()
+  except AssertionError as error:
+    message = str(error)
+    if not ('Found 2 Python objects' in message and
+            '/iteration,' in message and '/learning_rate,' in message):
+      raise
 
 
 @tf.function
@@ -51,7 +69,7 @@ np.testing.assert_allclose(w.numpy()[0, 0], 1.5 * (1 - 0.8 ** applied),
 if resumed:
   # Last, so that a wrong value above fails as itself: every variable of
   # the resumed program took its value from the checkpoint.
-  status.assert_existing_objects_matched()
+  assert_bound(status)
 print(json.dumps({'resumed': resumed, 'loss_scale': state[0],
                   'dynamic_counter': state[1], 'iterations': state[2],
                   'w': float(w.numpy()[0, 0]),

@@ -7,7 +7,9 @@ The first step's scaled gradients overflow in float16 at 2**15 (the
 unscaled ones are finite) and it is skipped. Run twice in one directory:
 the second run restores (every variable of the checkpoint must be bound),
 trains three more steps and must end where six uninterrupted steps of the
-same class end, momentum and Adam's moments included. The checkpoint
+same class end, momentum and Adam's moments included (first with
+tf_keras, then on Keras 3: tf_keras's class cannot read what the class
+under the name writes there). The checkpoint
 holds the model's variables as a list, the optimizer's slots refer to them.
 """
 # Runs after: compat.install()
@@ -30,6 +32,23 @@ WEIGHTS = [np.array([[0.5, -0.25, 1.0], [0.75, 0.5, -1.0]], np.float32),
            np.array([0.5], np.float32)]
 OPTIMIZERS = {'momentum': lambda: tf.keras.optimizers.SGD(0.01, momentum=0.9),
               'adam': lambda: tf.keras.optimizers.Adam(0.01)}
+
+
+def assert_bound(status):
+  """Every variable took the checkpoint's value, but two the file lacks.
+
+  On Keras 3 the class under the name (after `compat.install()`) saves
+  Keras's layout, which holds the wrapper's own step count and learning
+  rate (constants: the inner optimizer's are used); tf_keras's file, read
+  whole, has no place for them. tf_keras's class cannot read Keras's layout.
+  """
+  try:
+    status.assert_existing_objects_matched()
+  except AssertionError as error:
+    message = str(error)
+    if not ('Found 2 Python objects' in message and
+            '/iteration,' in message and '/learning_rate,' in message):
+      raise
 
 
 def make(kind):
@@ -96,7 +115,7 @@ for kind in OPTIMIZERS:
 
 # Last, so that a wrong value above fails as itself.
 for status in statuses:
-  status.assert_existing_objects_matched()
+  assert_bound(status)
 print(json.dumps({'resumed': resumed, **{
     k: {n: v for n, v in r.items() if n != 'weights'}
     for k, r in results.items()},

@@ -1,0 +1,191 @@
+"""A Keras 3 program's files are the same with and without `install()`.
+
+A model under `mixed_float16` is compiled with Adam (which `compile` wraps
+in a loss scale optimizer), with Adam and a `LearningRateSchedule`, or
+with `keras.mixed_precision.LossScaleOptimizer(Adam)` made by the program,
+and fitted; a `tf.train.CheckpointManager` saves model and optimizer. Each
+run is a fresh process, with `tf_loss_scale.compat.install()` or without
+the library imported at all:
+
+- the checkpoint written under `install()` holds the same names, shapes and
+  values as the one written without it;
+- each restores into the other kind of process with every optimizer value
+  (inner step count, learning rate, Adam's moments, the scale and its
+  counter) the writer's, and one more epoch lands on the writer's weights;
+- `model.save('m.h5')` under `install()` loads without the library (not
+  yet: see the test).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import fresh_process
+import versions
+
+versions.KERAS_3.require()
+
+_PROGRAM = '''
+import json, os, sys
+import numpy as np
+mode, install, maker, directory = sys.argv[1:5]
+if install == '1':
+  import tf_loss_scale.compat
+  tf_loss_scale.compat.install()
+import keras
+import tensorflow as tf
+
+keras.mixed_precision.set_global_policy('mixed_float16')
+rng = np.random.RandomState(0)
+X = rng.uniform(0, 0.5, (32, 4)).astype('float32')
+Y = X.sum(axis=1, keepdims=True)
+
+
+def make():
+  keras.utils.set_random_seed(3)
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                            keras.layers.Dense(1, dtype='float32')])
+  if maker == 'schedule':
+    inner = keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(
+        0.01, decay_steps=2, decay_rate=0.5))
+  else:
+    inner = keras.optimizers.Adam(0.01)
+  if maker == 'named':
+    inner = keras.mixed_precision.LossScaleOptimizer(inner)
+  model.compile(inner, 'mse')
+  return model
+
+
+def fit(model):
+  model.fit(X, Y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+
+
+def state(model):
+  optimizer = model.optimizer
+  inner = optimizer.inner_optimizer
+  return {'class': type(optimizer).__module__.split('.')[0],
+          'iterations': int(inner.iterations.numpy()),
+          'learning_rate': float(np.asarray(inner.learning_rate)),
+          'scale': float(optimizer.dynamic_scale.numpy()),
+          'counter': int(optimizer.step_counter.numpy()),
+          'inner_variables': [np.asarray(v.numpy()).tolist()
+                              for v in inner.variables],
+          'weights': [w.tolist() for w in model.get_weights()]}
+
+
+def checkpoint(model):
+  return tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=model, optimizer=model.optimizer),
+      os.path.join(directory, 'checkpoints'), max_to_keep=1)
+
+
+model = make()
+result = {}
+if mode == 'write':
+  fit(model)
+  fit(model)
+  path = checkpoint(model).save()
+  result['saved'] = state(model)
+  result['variables'] = {
+      name: np.asarray(tf.train.load_variable(path, name)).tolist()
+      for name, _ in tf.train.list_variables(path)
+      if name != '_CHECKPOINTABLE_OBJECT_GRAPH'}
+  if maker == 'compile':
+    model.save(os.path.join(directory, 'm.h5'))
+  fit(model)
+  result['next'] = state(model)['weights']
+elif mode == 'read':
+  model.optimizer.build(model.trainable_variables)
+  manager = checkpoint(model)
+  manager.checkpoint.restore(manager.latest_checkpoint)
+  result['restored'] = state(model)
+  fit(model)
+  result['next'] = state(model)['weights']
+else:  # 'h5': load what the writer saved.
+  loaded = keras.models.load_model(os.path.join(directory, 'm.h5'))
+  result['loaded'] = state(loaded)
+print(json.dumps(result))
+'''
+
+_MAKERS = ['compile', 'schedule', 'named']
+
+
+def _run(mode, install, maker, directory):
+  return fresh_process.run_json(
+      ['-c', _PROGRAM, mode, str(int(install)), maker, str(directory)])
+
+
+@pytest.fixture(scope='module', params=_MAKERS)
+def written(request, tmp_path_factory):
+  """Per maker: what each writer saved (with and without `install()`)."""
+  maker = request.param
+  runs = {}
+  for install in (False, True):
+    directory = tmp_path_factory.mktemp(f'{maker}_{int(install)}')
+    runs[install] = directory, _run('write', install, maker, directory)
+  return maker, runs
+
+
+def _assert_close(actual, expected, what):
+  np.testing.assert_allclose(np.asarray(actual, np.float64),
+                             np.asarray(expected, np.float64), rtol=1e-6,
+                             atol=0, err_msg=what)
+
+
+def _assert_same_state(actual, expected):
+  for name in ('iterations', 'scale', 'counter'):
+    assert actual[name] == expected[name], name
+  _assert_close(actual['learning_rate'], expected['learning_rate'],
+                'learning_rate')
+  assert len(actual['inner_variables']) == len(expected['inner_variables'])
+  for i, (a, b) in enumerate(zip(actual['inner_variables'],
+                                 expected['inner_variables'])):
+    _assert_close(a, b, f'inner optimizer variable {i}')
+  for i, (a, b) in enumerate(zip(actual['weights'], expected['weights'])):
+    _assert_close(a, b, f'weight {i}')
+
+
+def test_the_checkpoint_is_the_same_with_and_without_install(written):
+  maker, runs = written
+  without, under = runs[False][1], runs[True][1]
+  assert without['saved']['class'] == 'keras'
+  assert under['saved']['class'] == 'tf_loss_scale'
+  assert sorted(under['variables']) == sorted(without['variables'])
+  assert 'optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE' in (
+      under['variables'])
+  for name, value in without['variables'].items():
+    _assert_close(under['variables'][name], value, name)
+  # Two epochs of four finite steps each.
+  assert without['saved']['iterations'] == 8, maker
+
+
+@pytest.mark.parametrize('install_writes', [False, True],
+                         ids=['written_without', 'written_under_install'])
+def test_the_checkpoint_restores_whole_into_the_other_process(
+    written, install_writes):
+  maker, runs = written
+  directory, wrote = runs[install_writes]
+  read = _run('read', not install_writes, maker, directory)
+  _assert_same_state(read['restored'], wrote['saved'])
+  for i, (a, b) in enumerate(zip(read['next'], wrote['next'])):
+    _assert_close(a, b, f'weight {i} after one more epoch')
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    'The config is Keras\'s now (with `name`), but the file names the class '
+    'by its registered name, tf_loss_scale.mixed_precision>'
+    'LossScaleOptimizer, which Keras cannot find without the library. Keras '
+    'takes the name from the class (its module, its registration); '
+    'unregistered, .keras files of the class would not load even with the '
+    'library. Open.'))
+def test_an_h5_file_saved_under_install_loads_without_the_library(written):
+  maker, runs = written
+  if maker != 'compile':
+    pytest.skip('saved by the compile run only')
+  directory, wrote = runs[True]
+  loaded = _run('h5', False, maker, directory)['loaded']
+  assert loaded['class'] == 'keras'
+  for i, (a, b) in enumerate(zip(loaded['weights'],
+                                 wrote['saved']['weights'])):
+    _assert_close(a, b, f'weight {i}')
