@@ -97,19 +97,13 @@ class DelegatesCheckpointToInner:
   A subclass has `inner_optimizer` and `loss_scale`. One that saves another
   layout rewrites the inner optimizer's dependencies
   (`_checkpoint_children`) and answers the names a checkpoint asks for
-  (`_checkpoint_dependency`); one whose SavedModels keep its own
-  dependencies sets `_delegates_saved_model` to False.
+  (`_checkpoint_dependency`).
   """
-
-  _delegates_saved_model = True
 
   def _trackable_children(self, save_type='checkpoint', **kwargs
                          ) -> Dict[str, Any]:
     # What TensorFlow saves under this object (and walks when restoring):
     # the inner optimizer's dependencies, plus the loss scale.
-    if (not self._delegates_saved_model and
-        getattr(save_type, 'value', save_type) == 'savedmodel'):
-      return super()._trackable_children(save_type, **kwargs)
     return self._checkpoint_children(dict(
         self.inner_optimizer._trackable_children(  # pylint: disable=protected-access
             save_type, **kwargs)))
@@ -158,9 +152,9 @@ def checkpoint_children(trackable: Any) -> Dict[str, Any]:
 
   Hook: `Trackable._trackable_children()`, the method TensorFlow's
   checkpoints call (see `DelegatesCheckpointToInner`); no public API lists
-  an object's dependencies. Why: a wrapper that saves its inner optimizer in
-  another Keras's layout must know which of its variables the inner
-  optimizer also saves under a name (`tf_loss_scale.keras.
+  an object's dependencies. Why: a wrapper that reads another Keras's
+  layout restores a name of that layout into its own dependency or its
+  inner optimizer's of that name (`tf_loss_scale.keras.
   tf_keras_checkpoints`).
 
   Args:
@@ -178,10 +172,10 @@ def deferred_restorations(trackable: Any) -> Dict[str, List[Any]]:
 
   Hook: `Trackable._deferred_dependencies`, the dict (name -> checkpoint
   positions) that TensorFlow fills when a checkpoint holds a dependency the
-  object lacks, and reads when the object tracks one of that name. Why:
-  Keras 3's SGD names an empty `momentums` list and then replaces it, and a
-  replacement is not given what the first list took; a wrapper holds these
-  values while its inner optimizer builds (`tf_loss_scale.keras.
+  object lacks, and reads when the object tracks one of that name. Why: a
+  wrapper reading tf_keras's layout leaves the names that both layouts use
+  there until the file's layout is known, and holds the inner optimizer's
+  slots until the inner optimizer builds (`tf_loss_scale.keras.
   tf_keras_checkpoints`). tests/test_keras_mixed_precision_checkpoints.py
   fails if TensorFlow changes it.
 
