@@ -7,31 +7,29 @@ every public member of Keras's classes is defined here, forwarded to the
 inner optimizer, or an `assign*` acting only on the variable given.
 """
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, Optional, Sequence, Tuple
 
 from absl import logging
 import keras
+import numpy as np
 import tensorflow as tf
 
-from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale.keras import experimental
 from tf_loss_scale.keras import families
 from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import slots
+from tf_loss_scale.keras import tf2_members
 
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.experimental', name='LossScaleOptimizer')
-class LossScaleOptimizer(slots.SlotsByVariable,
+class LossScaleOptimizer(tf2_members.Keras3Members,
                          experimental.LossScaleOptimizer,
-                         private_api.HidesForwardedSlots,
                          keras.optimizers.LossScaleOptimizer):
   """`experimental.LossScaleOptimizer` around a Keras 3 optimizer."""
 
   _keras = keras
   _kind = families.KERAS3
-  _slot_naming = slots.KERAS3
   # Keras's tools for optimizer implementations: the inner optimizer's.
   _INNER_METHODS = frozenset({
       'add_variable', 'add_variable_from_reference',
@@ -56,16 +54,76 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     """Whether the inner optimizer has its variables."""
     return self.inner_optimizer.built
 
+  def __init__(self, optimizer: Any,
+               loss_scale: experimental.LossScaleArgument):
+    super().__init__(optimizer, loss_scale)
+    # Keras's HDF5 writer names each variable of `variables` by its `path`,
+    # which Keras variables have and the loss scale's tf.Variables lack.
+    for variable in self.loss_scale.variables:
+      if not hasattr(variable, 'path'):
+        variable.path = f'loss_scale/{variable.name.partition(":")[0]}'
+
+  __init__.__doc__ = experimental.LossScaleOptimizer.__init__.__doc__
+
   @property
-  def variables(self) -> List[Any]:
-    """The loss scale's variables, then the inner optimizer's."""
-    return list(self.loss_scale.variables) + list(
-        self.inner_optimizer.variables)
+  def variables(self) -> tf2_members.CallableList:
+    """The loss scale's variables, then the inner optimizer's.
+
+    Keras's `save_own_variables` and HDF5 files keep this list. Called,
+    `variables()` is TF 2.3's: the inner optimizer's variables only.
+    """
+    return tf2_members.CallableList(
+        list(self.loss_scale.variables) + self.weights, called=self.weights)
 
   def build(self, var_list: Sequence[Any]) -> None:
-    """Creates the inner optimizer's variables for `var_list`."""
-    if not self.inner_optimizer.built:
-      self._build_inner(var_list)
+    """Creates the inner optimizer's variables for `var_list`.
+
+    Building for no variables builds nothing: Keras's HDF5 loader builds
+    the optimizer for a model's own variables (none, for a `Sequential`),
+    and the first step builds it for those it trains. Values that
+    `set_weights` held until then are set now.
+    """
+    var_list = list(var_list)
+    if self.inner_optimizer.built or not var_list:
+      return
+    self._build_inner(var_list)
+    held = self.__dict__.get('_held_weights')
+    if held is not None:
+      object.__setattr__(self, '_held_weights', None)
+      if len(held) == len(self.variables):
+        self.set_weights(held)
+      else:
+        logging.warning(
+            'Not restoring the LossScaleOptimizer\'s state read from a file: '
+            'it holds %d values and the optimizer built for this model has '
+            '%d variables. Load it into a model of the same variables, with '
+            'the same inner optimizer and loss scale.', len(held),
+            len(self.variables))
+
+  def set_weights(self, weights: Sequence[Any]) -> None:
+    """Sets `weights` (or `variables`) from their values.
+
+    Before the optimizer is built, values for more variables than it has
+    (those of a built optimizer, as Keras's HDF5 files hold them) set the
+    variables it has (the first ones) and the rest when it is built
+    (`build`).
+
+    Args:
+      weights: As `tf2_members.InnerWeights.set_weights`.
+
+    Raises:
+      ValueError: As `tf2_members.InnerWeights.set_weights`.
+    """
+    weights = list(weights)
+    count = len(self.variables)
+    if not self.built and len(weights) > count:
+      # Read now: Keras's HDF5 loader passes datasets of a file it closes.
+      object.__setattr__(self, '_held_weights',
+                         [np.array(value) for value in weights])
+      # The variables made before the build (the scale's, the inner
+      # optimizer's counters) come first in the built list too: set now.
+      weights = weights[:count]
+    super().set_weights(weights)
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
     """Tells whether every gradient is finite, summed across replicas.
@@ -159,10 +217,6 @@ class LossScaleOptimizer(slots.SlotsByVariable,
         'tf_loss_scale.keras.LossScaleOptimizer.')
 
   # ---- slots and weights (the inner optimizer's) --------------------------
-
-  def _new_slot(self, var: Any, slot_name: str, initializer: Any) -> Any:
-    return self.inner_optimizer.add_variable_from_reference(
-        var, name=slot_name, initializer=initializer)
 
   def save_own_variables(self, store: Any) -> None:
     """Saves `variables` (loss scale, then inner optimizer) into `store`."""
