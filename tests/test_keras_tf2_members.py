@@ -5,8 +5,8 @@ The expected values were recorded by running the same scenario on TF 2.3.4's
 `mixed_precision.LossScaleOptimizer` (around `optimizers.legacy.SGD` and
 around `optimizers.SGD`), each with `SGD(0.1, momentum=0.9)` and a variable
 `v = [1., 2.]`, loss `sum(v * v)`. Keras 3's inner optimizer also keeps its
-learning rate as a variable, so its `weights` hold one value more (0.1,
-second) than TF 2.x's `[iterations, momentum]`.
+learning rate in a variable, which, as TF 2.x's hyperparameters, is in
+neither `weights` nor `variables()`.
 """
 
 import os
@@ -57,12 +57,10 @@ def test_weights_slots_and_minimize_as_tf2(form):
   # TF 2.3.4 and TF 2.15.1 (legacy SGD): get_weights() == [1, [-0.2, -0.4]],
   # get_slot(v, 'momentum') == [-0.2, -0.4], get_slot_names() == ['momentum'].
   weights = opt.get_weights()
-  assert len(weights) == 3
+  assert len(weights) == 2
   _close(weights[0], 1)
-  _close(weights[1], 0.1)  # Keras 3's learning rate variable.
-  _close(weights[2], [-0.2, -0.4])
-  assert [w.name for w in opt.weights] == [
-      'iteration', 'learning_rate', 'v_momentum']
+  _close(weights[1], [-0.2, -0.4])
+  assert [w.name for w in opt.weights] == ['iteration', 'v_momentum']
   _close(opt.get_slot(v, 'momentum'), [-0.2, -0.4])
   assert opt.get_slot_names() == ['momentum']
   # set_weights(get_weights()) with the slot changed; both recorded
@@ -91,16 +89,17 @@ def test_resetting_variables_leaves_the_scale(form):
   _step(opt, v)
   called = opt.variables()
   # TF 2.3.4 and 2.15.1 (both kinds of inner optimizer): variables() is the
-  # inner optimizer's, [iterations, momentum] (here with the learning rate).
-  assert [x.name for x in called] == ['iteration', 'learning_rate',
-                                      'v_momentum']
+  # inner optimizer's, [iterations, momentum].
+  assert [x.name for x in called] == ['iteration', 'v_momentum']
   assert isinstance(opt.variables, list)
   for x in opt.variables():
     x.assign(tf.zeros_like(x))
-  # Recorded after the loop: scale 32768, iterations 0.
+  # Recorded after the loop: scale 32768, iterations 0 (and the learning
+  # rate, a hyperparameter, 0.1).
   scale = opt.loss_scale() if callable(opt.loss_scale) else opt.loss_scale
   assert float(scale) == 32768.0
   assert int(opt.iterations) == 0
+  _close(opt.inner_optimizer.learning_rate, 0.1)
 
 
 def test_tf24_variables_attribute_is_keras_list():
@@ -202,7 +201,7 @@ def test_experimental_h5_round_trip(tmp_path):
   model.fit(x, y, batch_size=2, epochs=1, verbose=0)
   assert float(opt.loss_scale()) == 16.0
   assert int(opt.iterations) == 2
-  _close(opt.get_weights()[2], np.full((3, 2), -0.45))
+  _close(opt.get_weights()[1], np.full((3, 2), -0.45))
   path = os.path.join(tmp_path, 'm.h5')
   model.save(path)
   loaded = keras.models.load_model(path)
@@ -212,7 +211,7 @@ def test_experimental_h5_round_trip(tmp_path):
   assert int(restored.iterations) == 2
   loaded.fit(x, y, batch_size=2, epochs=1, verbose=0)
   assert int(restored.iterations) == 4
-  _close(restored.get_weights()[2], np.full((3, 2), -0.2025))
-  _close(restored.get_weights()[3], np.full((2,), -0.2025))
+  _close(restored.get_weights()[1], np.full((3, 2), -0.2025))
+  _close(restored.get_weights()[2], np.full((2,), -0.2025))
   _close(loaded.layers[0].kernel, np.full((3, 2), -0.3575))
   assert float(restored.loss_scale()) == 32.0

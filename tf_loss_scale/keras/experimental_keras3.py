@@ -70,10 +70,12 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
     """The loss scale's variables, then the inner optimizer's.
 
     Keras's `save_own_variables` and HDF5 files keep this list. Called,
-    `variables()` is TF 2.3's: the inner optimizer's variables only.
+    `variables()` is TF 2.3's: `weights`, the inner optimizer's variables
+    but its learning rate.
     """
     return tf2_members.CallableList(
-        list(self.loss_scale.variables) + self.weights, called=self.weights)
+        list(self.loss_scale.variables) + list(self.inner_optimizer.variables),
+        called=self.weights)
 
   def build(self, var_list: Sequence[Any]) -> None:
     """Creates the inner optimizer's variables for `var_list`.

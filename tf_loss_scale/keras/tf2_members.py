@@ -53,9 +53,18 @@ class InnerWeights:
 
   @property
   def weights(self) -> List[Any]:
-    """The inner optimizer's variables, in its order (never the scale's)."""
-    variables = self.inner_optimizer.variables
-    return list(variables() if callable(variables) else variables)
+    """The inner optimizer's variables, in its order, but its learning rate.
+
+    TF 2.x's optimizers kept their hyperparameters out of `weights` (and
+    `variables()`): a loop that resets each of them leaves the learning
+    rate, which a Keras 3 optimizer holds in a variable of its own, as it
+    leaves the loss scale.
+    """
+    inner = self.inner_optimizer
+    variables = inner.variables
+    variables = variables() if callable(variables) else variables
+    rate = getattr(inner, 'learning_rate', None)
+    return [variable for variable in variables if variable is not rate]
 
   def get_weights(self) -> List[Any]:
     """Returns the values of `weights`, as NumPy arrays."""
