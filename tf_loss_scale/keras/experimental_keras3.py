@@ -11,7 +11,6 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 
 from absl import logging
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tf_loss_scale import distribute
@@ -80,52 +79,13 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
   def build(self, var_list: Sequence[Any]) -> None:
     """Creates the inner optimizer's variables for `var_list`.
 
-    Building for no variables builds nothing: Keras's HDF5 loader builds
-    the optimizer for a model's own variables (none, for a `Sequential`),
-    and the first step builds it for those it trains. Values that
-    `set_weights` held until then are set now.
+    For no variables, builds nothing (`tf2_members.Keras3Members.build`).
     """
     var_list = list(var_list)
     if self.inner_optimizer.built or not var_list:
       return
     self._build_inner(var_list)
-    held = self.__dict__.get('_held_weights')
-    if held is not None:
-      object.__setattr__(self, '_held_weights', None)
-      if len(held) == len(self.variables):
-        self.set_weights(held)
-      else:
-        logging.warning(
-            'Not restoring the LossScaleOptimizer\'s state read from a file: '
-            'it holds %d values and the optimizer built for this model has '
-            '%d variables. Load it into a model of the same variables, with '
-            'the same inner optimizer and loss scale.', len(held),
-            len(self.variables))
-
-  def set_weights(self, weights: Sequence[Any]) -> None:
-    """Sets `weights` (or `variables`) from their values.
-
-    Before the optimizer is built, values for more variables than it has
-    (those of a built optimizer, as Keras's HDF5 files hold them) set the
-    variables it has (the first ones) and the rest when it is built
-    (`build`).
-
-    Args:
-      weights: As `tf2_members.InnerWeights.set_weights`.
-
-    Raises:
-      ValueError: As `tf2_members.InnerWeights.set_weights`.
-    """
-    weights = list(weights)
-    count = len(self.variables)
-    if not self.built and len(weights) > count:
-      # Read now: Keras's HDF5 loader passes datasets of a file it closes.
-      object.__setattr__(self, '_held_weights',
-                         [np.array(value) for value in weights])
-      # The variables made before the build (the scale's, the inner
-      # optimizer's counters) come first in the built list too: set now.
-      weights = weights[:count]
-    super().set_weights(weights)
+    self._set_held_weights()
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
     """Tells whether every gradient is finite, summed across replicas.

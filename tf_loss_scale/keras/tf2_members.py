@@ -20,6 +20,8 @@ leaves the scale alone.
 
 from typing import Any, List, Optional, Sequence
 
+from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from tf_loss_scale import distribute
@@ -128,6 +130,59 @@ class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
     Keras 3's form); `variables()` is TF 2.x's: `weights`.
     """
     return CallableList(super().variables, called=self.weights)
+
+  def build(self, var_list: Sequence[Any]) -> None:
+    """Builds as the next class does; for no variables, builds nothing.
+
+    Keras's HDF5 loader builds a model's optimizer for the model's own
+    variables (none, for a `Sequential`), which would leave it unable to
+    take the variables it trains; the first step builds it for those.
+    Values that `set_weights` held until then are set after the build.
+    """
+    var_list = list(var_list)
+    if not var_list and not self.built:
+      return
+    super().build(var_list)
+    self._set_held_weights()
+
+  def set_weights(self, weights: Sequence[Any]) -> None:
+    """Sets `weights` (or `variables`) from their values.
+
+    Before the optimizer is built, values for more variables than it has
+    (those of a built optimizer, as Keras's HDF5 files hold them) set the
+    variables it has, which come first in the built list too, and the rest
+    when it is built (`build`).
+
+    Args:
+      weights: As `InnerWeights.set_weights`.
+
+    Raises:
+      ValueError: As `InnerWeights.set_weights`.
+    """
+    weights = list(weights)
+    count = len(self.variables)
+    if not self.built and len(weights) > count:
+      # Read now: Keras's HDF5 loader passes datasets of a file it closes.
+      object.__setattr__(self, '_held_weights',
+                         [np.array(value) for value in weights])
+      weights = weights[:count]
+    super().set_weights(weights)
+
+  def _set_held_weights(self) -> None:
+    """Sets the values `set_weights` held for after the build, if any."""
+    held = self.__dict__.get('_held_weights')
+    if held is None:
+      return
+    object.__setattr__(self, '_held_weights', None)
+    if len(held) == len(self.variables):
+      self.set_weights(held)
+      return
+    logging.warning(
+        'Not restoring the %s\'s state read from a file: it holds %d values '
+        'and the optimizer built for this model has %d variables. Load it '
+        'into a model of the same variables, with the same inner optimizer '
+        'and loss scale.', type(self).__name__, len(held),
+        len(self.variables))
 
   def _new_slot(self, var: Any, slot_name: str, initializer: Any) -> Any:
     return self.inner_optimizer.add_variable_from_reference(
