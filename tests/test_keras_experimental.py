@@ -297,11 +297,15 @@ def test_slots_weights_and_variables():
   extra = opt.add_slot(var, 'extra', initializer='ones')
   assert opt.get_slot(var, 'extra') is extra
   assert extra.numpy().tolist() == [1.0, 1.0]
-  assert opt.weights == inner.variables
+  # As TF 2.3's: the inner optimizer's variables but its hyperparameters
+  # (Keras 3 keeps the learning rate in one).
+  assert opt.weights == [v for v in inner.variables
+                         if v is not inner.learning_rate]
+  assert opt.variables() == opt.weights
   assert opt.variables == [opt.loss_scale.current_loss_scale,
                            opt.loss_scale.good_steps] + inner.variables
   values = opt.get_weights()
-  assert len(values) == len(inner.variables)
+  assert len(values) == len(inner.variables) - 1
   values[0] = np.array(42, np.int64)
   opt.set_weights(values)
   assert int(value(inner.iterations)) == 42

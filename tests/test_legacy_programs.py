@@ -13,7 +13,12 @@ configuration of this run; on TensorFlow 2.16+ a run without
 
 A program declares in its header comments how it runs:
     # Runs after: compat.install()       or compat.install(override=True)
-    # Keras: yes                         or no
+    # Keras: yes                         or no; or "3 only": it calls
+                                         TF 2.4-2.10's optimizer methods
+                                         (get_slot, get_weights), which
+                                         only this library's class on
+                                         Keras 3 has where TensorFlow is
+                                         2.11+ (not under tf_keras)
     # Needs: tf.estimator                a name some TensorFlows lack
     # Needs: Keras 3                     `import keras` is Keras 3
     # Needs: a .keras loader that restores a LossScaleOptimizer
@@ -101,6 +106,7 @@ class Program(NamedTuple):
   uses_keras: bool
   resumes: bool
   condition: versions.Condition
+  keras3_only: bool = False
 
   @property
   def reports_class(self) -> bool:
@@ -125,8 +131,9 @@ def _program(name: str) -> Program:
   resumes = _header(text, 'Resumes') == 'yes'
   if resumes:
     condition = condition & _RESUMES
-  return Program(name, 'override=True' in install,
-                 _header(text, 'Keras') == 'yes', resumes, condition)
+  keras = _header(text, 'Keras')
+  return Program(name, 'override=True' in install, keras in ('yes', '3 only'),
+                 resumes, condition, keras == '3 only')
 
 
 def _condition(program: Program, legacy_keras: bool) -> versions.Condition:
@@ -137,6 +144,11 @@ def _condition(program: Program, legacy_keras: bool) -> versions.Condition:
         'nothing for it, and the run without the variable runs it'))
   if legacy_keras and not versions.TF_KERAS_INSTALLED:
     return versions.TF_KERAS_INSTALLED
+  if program.keras3_only and (legacy_keras or versions.TF < (2, 16)):
+    return versions.Condition(False, (
+        f'{program.name} calls TF 2.4-2.10\'s optimizer methods (get_slot, '
+        'get_weights), which Keras 2\'s optimizers of TF 2.11+ lack; it runs '
+        'where tf.keras is Keras 3'))
   return program.condition
 
 

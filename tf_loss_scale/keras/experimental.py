@@ -30,6 +30,7 @@ from tf_loss_scale import step
 from tf_loss_scale import step_record
 from tf_loss_scale.keras import families
 from tf_loss_scale.keras import protocols
+from tf_loss_scale.keras import tf2_members
 
 LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
                           Dict[str, Any]]
@@ -78,6 +79,7 @@ def forwarded_names(inner_optimizer: Any,
 
 
 class LossScaleOptimizer(protocols.TwoProtocols,
+                         tf2_members.InnerWeights,
                          private_api.DelegatesCheckpointToInner):
   """Loss scaling with TF 2.3's API, around any Keras optimizer.
 
@@ -195,19 +197,6 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def name(self) -> str:
     """The wrapper's name, as TF 2.3's was."""
     return _NAME
-
-  @property
-  def weights(self) -> List[Any]:
-    """The inner optimizer's variables (iterations, hyperparameters, slots)."""
-    return list(self.inner_optimizer.variables)
-
-  def get_weights(self) -> List[Any]:
-    """Returns the values of `weights` as NumPy arrays."""
-    return [variable.numpy() for variable in self.weights]
-
-  def set_weights(self, weights: Sequence[Any]) -> None:
-    """Sets the inner optimizer's variables from `get_weights()` values."""
-    self.inner_optimizer.set_weights(weights)
 
   # ---- scaling (the two protocols: `protocols`) ----------------------------
 

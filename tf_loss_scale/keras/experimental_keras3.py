@@ -7,31 +7,28 @@ every public member of Keras's classes is defined here, forwarded to the
 inner optimizer, or an `assign*` acting only on the variable given.
 """
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, Optional, Sequence, Tuple
 
 from absl import logging
 import keras
 import tensorflow as tf
 
-from tf_loss_scale import private_api
 from tf_loss_scale import distribute
 from tf_loss_scale.keras import experimental
 from tf_loss_scale.keras import families
 from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import slots
+from tf_loss_scale.keras import tf2_members
 
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.experimental', name='LossScaleOptimizer')
-class LossScaleOptimizer(slots.SlotsByVariable,
+class LossScaleOptimizer(tf2_members.Keras3Members,
                          experimental.LossScaleOptimizer,
-                         private_api.HidesForwardedSlots,
                          keras.optimizers.LossScaleOptimizer):
   """`experimental.LossScaleOptimizer` around a Keras 3 optimizer."""
 
   _keras = keras
   _kind = families.KERAS3
-  _slot_naming = slots.KERAS3
   # Keras's tools for optimizer implementations: the inner optimizer's.
   _INNER_METHODS = frozenset({
       'add_variable', 'add_variable_from_reference',
@@ -56,16 +53,39 @@ class LossScaleOptimizer(slots.SlotsByVariable,
     """Whether the inner optimizer has its variables."""
     return self.inner_optimizer.built
 
+  def __init__(self, optimizer: Any,
+               loss_scale: experimental.LossScaleArgument):
+    super().__init__(optimizer, loss_scale)
+    # Keras's HDF5 writer names each variable of `variables` by its `path`,
+    # which Keras variables have and the loss scale's tf.Variables lack.
+    for variable in self.loss_scale.variables:
+      if not hasattr(variable, 'path'):
+        variable.path = f'loss_scale/{variable.name.partition(":")[0]}'
+
+  __init__.__doc__ = experimental.LossScaleOptimizer.__init__.__doc__
+
   @property
-  def variables(self) -> List[Any]:
-    """The loss scale's variables, then the inner optimizer's."""
-    return list(self.loss_scale.variables) + list(
-        self.inner_optimizer.variables)
+  def variables(self) -> tf2_members.CallableList:
+    """The loss scale's variables, then the inner optimizer's.
+
+    Keras's `save_own_variables` and HDF5 files keep this list. Called,
+    `variables()` is TF 2.3's: `weights`, the inner optimizer's variables
+    but its learning rate.
+    """
+    return tf2_members.CallableList(
+        list(self.loss_scale.variables) + list(self.inner_optimizer.variables),
+        called=self.weights)
 
   def build(self, var_list: Sequence[Any]) -> None:
-    """Creates the inner optimizer's variables for `var_list`."""
-    if not self.inner_optimizer.built:
-      self._build_inner(var_list)
+    """Creates the inner optimizer's variables for `var_list`.
+
+    For no variables, builds nothing (`tf2_members.Keras3Members.build`).
+    """
+    var_list = list(var_list)
+    if self.inner_optimizer.built or not var_list:
+      return
+    self._build_inner(var_list)
+    self._set_held_weights()
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
     """Tells whether every gradient is finite, summed across replicas.
@@ -159,10 +179,6 @@ class LossScaleOptimizer(slots.SlotsByVariable,
         'tf_loss_scale.keras.LossScaleOptimizer.')
 
   # ---- slots and weights (the inner optimizer's) --------------------------
-
-  def _new_slot(self, var: Any, slot_name: str, initializer: Any) -> Any:
-    return self.inner_optimizer.add_variable_from_reference(
-        var, name=slot_name, initializer=initializer)
 
   def save_own_variables(self, store: Any) -> None:
     """Saves `variables` (loss scale, then inner optimizer) into `store`."""

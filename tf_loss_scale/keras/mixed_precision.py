@@ -32,6 +32,7 @@ from tf_loss_scale import step
 from tf_loss_scale.keras import keras3_support
 from tf_loss_scale.keras import loss_scale_optimizer
 from tf_loss_scale.keras import protocols
+from tf_loss_scale.keras import tf2_members
 from tf_loss_scale.keras import tf_keras_checkpoints
 
 # TF 2.4-2.15's defaults for a dynamic scale.
@@ -70,6 +71,7 @@ class _TakesKerasClassInstances(type(keras.optimizers.LossScaleOptimizer)):
     package='tf_loss_scale.mixed_precision', name='LossScaleOptimizer')
 class LossScaleOptimizer(protocols.TwoProtocols,
                          tf_keras_checkpoints.ReadsTfKerasLayout,
+                         tf2_members.Keras3Members,
                          loss_scale_optimizer.LossScaleOptimizer,
                          metaclass=_TakesKerasClassInstances):
   """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
@@ -377,16 +379,106 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     return list(zip(self.get_unscaled_gradients(grads), var_list))
 
   def minimize(self, loss: Any, var_list: Any,
-               tape: Optional[tf.GradientTape] = None) -> None:
+               grad_loss: Optional[tf.Tensor] = None,
+               name: Optional[str] = None,
+               tape: Optional[tf.GradientTape] = None) -> Any:
     """One step on `loss`: `compute_gradients`, then `apply_gradients`.
+
+    TF 2.4-2.10's arguments; TF 2.11-2.15's third, `tape`, is taken where
+    `grad_loss` stands too (a `tf.GradientTape` is never a gradient).
 
     Args:
       loss, var_list, tape: As `compute_gradients`.
+      grad_loss: The gradient of the final objective with respect to
+        `loss` (same shape); None for the loss itself.
+      name: As `apply_gradients`.
+
+    Returns:
+      What `apply_gradients` returns.
 
     Raises:
       As `compute_gradients` and `apply_gradients`.
     """
-    self.apply_gradients(self.compute_gradients(loss, var_list, tape))
+    if isinstance(grad_loss, tf.GradientTape):
+      grad_loss, tape = None, grad_loss
+    if grad_loss is not None:
+      loss = _weighted_by(loss, grad_loss, tape)
+    return self.apply_gradients(self.compute_gradients(loss, var_list, tape),
+                                name=name)
+
+  def aggregate_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]
+                         ) -> List[Tuple[Any, Any]]:
+    """TF 2.11-2.15's: the pairs with gradients summed across replicas."""
+    return tf2_members.aggregate_gradients(list(grads_and_vars))
+
+  def add_variable_from_reference(
+      self, reference_variable: Any = None, name: Optional[str] = None,
+      initializer: Any = 'zeros', *, model_variable: Any = None,
+      variable_name: Optional[str] = None, shape: Any = None,
+      initial_value: Any = None) -> Any:
+    """Keras's, also under TF 2.11-2.15's parameter names.
+
+    Args:
+      reference_variable: The model variable the new one is shaped after
+        (TF 2.11-2.15: `model_variable`).
+      name: The new variable's name (TF 2.11-2.15: `variable_name`).
+      initializer: A Keras initializer or its name.
+      model_variable: TF 2.11-2.15's name for `reference_variable`.
+      variable_name: TF 2.11-2.15's name for `name`.
+      shape: A shape other than the reference variable's (TF 2.11-2.15).
+      initial_value: The first value, instead of `initializer` (TF
+        2.11-2.15).
+
+    Returns:
+      The new variable, the wrapper's, named after the reference variable.
+
+    Raises:
+      TypeError: If a value is given under both of its names.
+    """
+    for keras_name, keras_value, tf_name, tf_value in (
+        ('reference_variable', reference_variable, 'model_variable',
+         model_variable),
+        ('name', name, 'variable_name', variable_name)):
+      if keras_value is not None and tf_value is not None:
+        raise TypeError(
+            f'add_variable_from_reference() got both {keras_name}= and '
+            f'{tf_name}=, two names for one argument: pass one.')
+    reference = (reference_variable if model_variable is None else
+                 model_variable)
+    name = name if variable_name is None else variable_name
+    if initial_value is not None:
+      value = initial_value
+      initializer = lambda shape, dtype: tf.cast(value, dtype)
+    if shape is None:
+      return super().add_variable_from_reference(reference, name,
+                                                 initializer)
+    return self.add_variable(
+        shape=shape, initializer=initializer, dtype=reference.dtype,
+        name=f'{reference.path.replace("/", "_")}_{name or "var"}')
+
+  @property
+  def decay(self) -> Any:
+    """TF 2.4-2.10's learning rate decay: 0 (Keras 3 has none).
+
+    The inner optimizer's `decay` if it has one; otherwise a float32 zero,
+    as a Keras 2 optimizer built without `decay` held.
+    """
+    inner = self.inner_optimizer
+    return inner.decay if hasattr(inner, 'decay') else tf.constant(0.0)
+
+  @decay.setter
+  def decay(self, value: Any) -> None:
+    inner = self.inner_optimizer
+    if hasattr(inner, 'decay'):
+      inner.decay = value
+      return
+    if float(value) != 0.0:
+      raise ValueError(
+          f'{type(self).__name__}.decay = {value!r}: Keras 3 optimizers have '
+          'no decay. Give the inner optimizer a schedule instead: '
+          'learning_rate=keras.optimizers.schedules.InverseTimeDecay('
+          'initial_learning_rate, decay_steps=1, decay_rate=decay) decays as '
+          'Keras 2\'s decay did.')
 
   def _on_skipped_step(self, given_unscaled: bool) -> Any:
     # TF 2.4-2.15's custom loops: `iterations` counts skipped steps too.
@@ -464,6 +556,24 @@ def _forwarding(inner: keras.optimizers.Optimizer
                     if isinstance(value, bool) and name != 'use_ema')
   return (frozenset(config) - flags - _NOT_FORWARDED | frozenset(_ALIASES),
           flags)
+
+
+def _weighted_by(loss: Any, grad_loss: Any,
+                 tape: Optional[tf.GradientTape]) -> Any:
+  """A loss whose gradients are those of `loss` weighted by `grad_loss`.
+
+  The gradients of `sum(loss * grad_loss)` (with `grad_loss` held constant)
+  are `tape.gradient(loss, variables, output_gradients=grad_loss)`.
+  """
+  def weighted(value: Any) -> Any:
+    weight = tf.stop_gradient(tf.cast(grad_loss, value.dtype))
+    return tf.reduce_sum(value * weight)
+  if callable(loss):
+    return lambda: weighted(loss())
+  if tape is None:
+    return loss  # `compute_gradients` refuses it, in its words.
+  with tape:
+    return weighted(loss)
 
 
 def _is_number(value: Any) -> bool:

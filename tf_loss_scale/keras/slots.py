@@ -10,7 +10,9 @@ their slots. Nothing of the inner optimizer is
 patched or read but its public `build` and `variables`.
 """
 
-from typing import Any, Callable, Dict, List, NamedTuple, Sequence, Tuple
+import contextlib
+from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Sequence,
+                    Tuple)
 
 
 class SlotNaming(NamedTuple):
@@ -135,8 +137,9 @@ class SlotTable:
 class SlotsByVariable:
   """TF 2.3's `get_slot`/`get_slot_names` for an inner optimizer without them.
 
-  A mixin placed before `experimental.LossScaleOptimizer`: it keeps a
-  `SlotTable` of the inner optimizer's slots, filled by `_build_inner`.
+  A mixin placed before a wrapper's bases: it keeps a `SlotTable` of the
+  inner optimizer's slots, filled when the inner optimizer is built
+  (`build`, or `_build_inner`).
   A class using it says how its Keras names slots in `_slot_naming`.
   """
 
@@ -149,8 +152,25 @@ class SlotsByVariable:
   def _build_inner(self, var_list: Sequence[Any]) -> None:
     """Builds the inner optimizer for `var_list`, recording its slots."""
     var_list = list(var_list)
+    with self._recording_slots(var_list):
+      self.inner_optimizer.build(var_list)
+
+  def build(self, var_list: Sequence[Any]) -> None:
+    """Builds as the next class does, recording the inner optimizer's slots.
+
+    For a wrapper whose Keras builds the inner optimizer within its own
+    `build`; a class that builds it itself overrides this with
+    `_build_inner`.
+    """
+    var_list = list(var_list)
+    with self._recording_slots(var_list):
+      super().build(var_list)
+
+  @contextlib.contextmanager
+  def _recording_slots(self, var_list: List[Any]) -> Iterator[None]:
+    """Within: the inner optimizer may build; its new slots are recorded."""
     before = {id(v) for v in self.inner_optimizer.variables}
-    self.inner_optimizer.build(var_list)
+    yield
     created = [v for v in self.inner_optimizer.variables
                if id(v) not in before]
     for var, name, slot in owners(var_list, created, self._slot_naming):
