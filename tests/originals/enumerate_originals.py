@@ -46,10 +46,17 @@ def _tf23():
   fixed, dynamic = lsx.FixedLossScale(128.0), lsx.DynamicLossScale()
   _loss_scale_steps([fixed, dynamic])
   return {
-      'experimental.LossScaleOptimizer': ('TF 2.0-2.3', opt),
-      'LossScale': ('TF 2.0-2.3', lsx.LossScale),
-      'FixedLossScale': ('TF 2.0-2.3', fixed),
-      'DynamicLossScale': ('TF 2.0-2.3', dynamic),
+      'experimental.LossScaleOptimizer': (
+          'TF 2.0-2.3', 'tf.keras.mixed_precision.experimental.'
+          'LossScaleOptimizer', opt),
+      'LossScale': ('TF 2.0-2.3', 'tf.mixed_precision.experimental.LossScale',
+                    lsx.LossScale),
+      'FixedLossScale': (
+          'TF 2.0-2.3', 'tf.mixed_precision.experimental.FixedLossScale',
+          fixed),
+      'DynamicLossScale': (
+          'TF 2.0-2.3', 'tf.mixed_precision.experimental.DynamicLossScale',
+          dynamic),
   }, _rewrite_functions('TF 2.0-2.3', [
       'train.experimental', 'compat.v1.train.experimental',
       'compat.v1.mixed_precision'])
@@ -63,7 +70,7 @@ def _tf215():
     opt = tf.keras.mixed_precision.LossScaleOptimizer(inner)
     _keras_step(opt, tf.Variable(1.0))
     made['mixed_precision.LossScaleOptimizer(%s)' % label] = (
-        'TF 2.4-2.15', opt)
+        'TF 2.4-2.15', 'tf.keras.mixed_precision.LossScaleOptimizer', opt)
   return made, _rewrite_functions('TF 2.4-2.15', ['compat.v1.mixed_precision'])
 
 
@@ -81,10 +88,15 @@ def _tf115():
       session.run(tf.global_variables_initializer())
       session.run([step] + updates)
   return {
-      'MixedPrecisionLossScaleOptimizer': ('TF 1.14-1.15', opt),
-      'LossScale': ('TF 1.14-1.15', train.LossScale),
-      'FixedLossScale': ('TF 1.14-1.15', fixed),
-      'DynamicLossScale': ('TF 1.14-1.15', dynamic),
+      'MixedPrecisionLossScaleOptimizer': (
+          'TF 1.14-1.15',
+          'tf.train.experimental.MixedPrecisionLossScaleOptimizer', opt),
+      'LossScale': ('TF 1.14-1.15', 'tf.train.experimental.LossScale',
+                    train.LossScale),
+      'FixedLossScale': ('TF 1.14-1.15',
+                         'tf.train.experimental.FixedLossScale', fixed),
+      'DynamicLossScale': ('TF 1.14-1.15',
+                           'tf.train.experimental.DynamicLossScale', dynamic),
   }, _rewrite_functions('TF 1.14-1.15', ['train.experimental'])
 
 
@@ -104,6 +116,11 @@ def _rewrite_functions(generation, modules):
   return found
 
 
+def _class_path(obj):
+  cls = obj if isinstance(obj, type) else type(obj)
+  return cls.__module__ + '.' + cls.__name__
+
+
 def main(out_dir):
   version = tf.__version__
   major_minor = '.'.join(version.split('.')[:2])
@@ -113,13 +130,10 @@ def main(out_dir):
       'tensorflow': version,
       'python': platform.python_version(),
       'subjects': {
-          name: {'generation': generation,
-                 'class': (obj if isinstance(obj, type) else
-                           type(obj)).__module__ + '.' + (
-                               obj if isinstance(obj, type) else
-                               type(obj)).__name__,
+          name: {'generation': generation, 'public': public,
+                 'class': _class_path(obj),
                  'members': members.public_members(obj)}
-          for name, (generation, obj) in subjects.items()},
+          for name, (generation, public, obj) in subjects.items()},
       'functions': functions,
   }
   if not os.path.isdir(out_dir):

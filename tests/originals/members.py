@@ -74,25 +74,36 @@ def describe(name, value, static):
   return described
 
 
+def member(obj, name):
+  """The description of `obj`'s member `name`, or None if it has none.
+
+  Looked up by name, so a member forwarded by `__getattr__` that `dir` does
+  not list still counts.
+  """
+  cls = obj if isinstance(obj, type) else type(obj)
+  static = _static(cls, name)
+  try:
+    value = getattr(obj, name)
+  except AttributeError:
+    if static is None:
+      return None
+    value, raised = static, 'AttributeError'
+  except Exception as error:  # pylint: disable=broad-except
+    # Some members raise when read in one state; what a program sees is
+    # still the member's kind.
+    value, raised = static, type(error).__name__
+  else:
+    raised = None
+  described = describe(name, value, static)
+  if raised:
+    described['raises'] = raised
+  return described
+
+
 def public_members(obj):
   """{name: description} of every public name `dir(obj)` lists."""
-  cls = obj if isinstance(obj, type) else type(obj)
-  members = {}
-  for name in sorted(dir(obj)):
-    if name.startswith('_'):
-      continue
-    static = _static(cls, name)
-    try:
-      value = getattr(obj, name)
-    except Exception as error:  # pylint: disable=broad-except
-      # Some members raise when read in one state (e.g. a distribution
-      # strategy's); what a program sees is still the member's kind.
-      value = static
-      members[name] = describe(name, value, static)
-      members[name]['raises'] = type(error).__name__
-      continue
-    members[name] = describe(name, value, static)
-  return members
+  return {name: member(obj, name) for name in sorted(dir(obj))
+          if not name.startswith('_')}
 
 
 def function(fn):
