@@ -22,6 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import members  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+# Deprecation notices of the originals' own names would bury the output.
+tf.get_logger().setLevel('ERROR')
+
 
 def _keras_step(opt, var):
   """One scaled step of `opt` on `var` (loss var * var), eagerly."""

@@ -21,6 +21,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+# Deprecation notices of the originals' own names would bury the output.
+tf.get_logger().setLevel('ERROR')
+
 INF, NAN = float('inf'), float('nan')
 # The gradient of the loss with respect to the weights, per step.
 GRADIENTS = [[1.0, 1.0], [2.0, -1.0], [INF, 1.0], [1.0, 1.0], [NAN, 1.0],
