@@ -2,7 +2,9 @@
 
 tests/originals/traces.py runs the same scenarios (a custom loop eagerly
 and in `tf.function`, and `fit`; a dynamic loss scale starting at 2**15
-that doubles after 2 good steps; gradients finite, then inf, then NaN) on
+that doubles after 2 good steps; gradients finite, then inf, then NaN;
+and TF 2.3's mixed_float16 `Policy` with that loss scale, through `fit`,
+where a float16 gradient overflows by itself) on
 TensorFlow 1.15, 2.3 and 2.15 themselves (`.ci/run originals` records them
 in .ci/logs/originals/) and here on ours, with Keras 3 and with tf_keras
 (TF_USE_LEGACY_KERAS=1). After every step the loss scale and the iteration
@@ -31,7 +33,8 @@ TOLERANCE = 1e-6
 # Ours -> the originals' scenarios it must trace alike.
 _MODES = ('eager', 'tf.function', 'fit')
 PAIRS = (
-    [(f'experimental {mode}', f'experimental {mode}') for mode in _MODES] +
+    [(f'experimental {mode}', f'experimental {mode}')
+     for mode in _MODES + ('policy fit',)] +
     [(f'mixed_precision {mode}', f'mixed_precision {inner} {mode}')
      for mode in _MODES for inner in ('legacy', 'new')] +
     [(f'v1 {mode}', 'v1 session') for mode in ('eager', 'tf.function')])

@@ -71,12 +71,18 @@ def keras_fit(keras, opt):
           [[w] for w in INITIAL_WEIGHTS]))])
   model.compile(optimizer=opt, loss=lambda y_true, y_pred: tf.reduce_sum(
       y_pred))
+  return _fit_trace(keras, model)
+
+
+def _fit_trace(keras, model):
+  """Fits `model` one batch (one gradient) at a time, recording each step."""
   trace = []
 
   class Record(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
       del batch, logs
+      opt = model.optimizer
       trace.append(_record(_scale_of(opt), opt.iterations.numpy(),
                            model.get_weights()[0].reshape(-1)))
 
@@ -84,6 +90,31 @@ def keras_fit(keras, opt):
             batch_size=1, shuffle=False, epochs=1, verbose=0,
             callbacks=[Record()])
   return trace
+
+
+def policy_fit():
+  """TF 2.1-2.3's way: a mixed_float16 `Policy` with a loss scale, `fit`.
+
+  `compile` wraps the optimizer in the policy's loss scale. In float16 a
+  gradient of 2 times the scale 2**15 overflows by itself (65536 > 65504).
+  The code is TF 2.3's as written; ours runs it after `compat.install()`.
+  """
+  mp = tf.keras.mixed_precision.experimental
+  mp.set_policy(mp.Policy('mixed_float16',
+                          loss_scale=_dynamic(tf.mixed_precision.experimental)))
+  try:
+    keras = tf.keras
+    model = keras.Sequential([
+        keras.layers.Dense(
+            1, use_bias=False, input_shape=(2,),
+            kernel_initializer=keras.initializers.Constant(
+                [[w] for w in INITIAL_WEIGHTS])),
+        keras.layers.Activation('linear', dtype='float32')])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss=lambda y_true, y_pred: tf.reduce_sum(y_pred))
+  finally:
+    mp.set_policy('float32')
+  return _fit_trace(keras, model)
 
 
 def v1_session(tf1, make_opt, make_loss_scale):
@@ -145,7 +176,9 @@ def originals():
       return keras.mixed_precision.experimental.LossScaleOptimizer(
           keras.optimizers.SGD(0.1, momentum=0.9),
           _dynamic(tf.mixed_precision.experimental))
-    return _keras_scenarios('experimental', keras, make, tf.Variable)
+    traces = _keras_scenarios('experimental', keras, make, tf.Variable)
+    traces['experimental policy fit'] = policy_fit()
+    return traces
   if version == '2.15':
     traces = {}
     for label, sgd in (('legacy', keras.optimizers.legacy.SGD),
@@ -174,6 +207,7 @@ def ours():
   """{scenario: trace} with this library's classes in the originals' place."""
   # pylint: disable=g-import-not-at-top
   import tf_loss_scale
+  import tf_loss_scale.compat
   from tf_loss_scale.keras import experimental
   # pylint: enable=g-import-not-at-top
   legacy = os.environ.get('TF_USE_LEGACY_KERAS') == '1'
@@ -208,6 +242,9 @@ def ours():
   for in_function in (False, True):
     traces['v1 ' + ('tf.function' if in_function else 'eager')] = v1_eager(
         make_v1, lambda: _dynamic(tf_loss_scale), in_function)
+  # Last: it installs TF 2.3's names, for the rest of this process.
+  tf_loss_scale.compat.install()
+  traces['experimental policy fit'] = policy_fit()
   return traces
 
 
