@@ -53,7 +53,7 @@ def parameters(function):
   return described
 
 
-def describe(name, value, static):
+def describe(value, static):
   """The description of one member: kind, callable, parameters, type."""
   if static is not None and _is_data_descriptor(static):
     kind = 'property'
@@ -94,7 +94,7 @@ def member(obj, name):
     value, raised = static, type(error).__name__
   else:
     raised = None
-  described = describe(name, value, static)
+  described = describe(value, static)
   if raised:
     described['raises'] = raised
   return described
