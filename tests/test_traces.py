@@ -11,7 +11,9 @@ in .ci/logs/originals/) and here on ours, with Keras 3 and with tf_keras
 count must be equal and the weights equal within a relative and absolute
 tolerance of 1e-6 (float32 rounding: TF 1.15's graph and TF 2's kernels
 round the momentum update differently in the last bits), but for one
-difference by design (COUNTS_APPLIED_STEPS). Without the
+difference by design (COUNTS_APPLIED_STEPS). The optimizers' and loss
+scales' `get_config()` must hold the original's entries (the inner
+optimizer by class name). Without the
 originals' JSON these tests skip, saying so, unless
 TF_LOSS_SCALE_REQUIRE_ORIGINALS=1 (as in CI), where they fail.
 """
@@ -62,7 +64,7 @@ def originals():
     if os.environ.get('TF_LOSS_SCALE_REQUIRE_ORIGINALS') == '1':
       pytest.fail(message)
     pytest.skip(message)
-  traces = {}
+  traces = {}  # The scenarios' traces, and `configs tfX.Y`: get_config()s.
   for name in _ORIGINALS.values():
     with open(os.path.join(_directory(), name)) as f:
       traces.update(json.load(f)['traces'])
@@ -138,6 +140,31 @@ def test_tf_keras_traces_as_the_original(ours_tf_keras, originals, ours_name,
                                          original_name):
   _check('tf_keras', ours_tf_keras, originals, ours_name,
          original_name)
+
+
+# Ours -> the originals' config it must hold, entry for entry.
+CONFIG_PAIRS = [
+    ('experimental', 'configs tf2.3', 'experimental'),
+    ('mixed_precision', 'configs tf2.15', 'mixed_precision legacy'),
+    ('mixed_precision', 'configs tf2.15', 'mixed_precision new'),
+    ('FixedLossScale', 'configs tf2.3', 'FixedLossScale'),
+    ('DynamicLossScale', 'configs tf2.3', 'DynamicLossScale'),
+    ('FixedLossScale', 'configs tf1.15', 'FixedLossScale'),
+    ('DynamicLossScale', 'configs tf1.15', 'DynamicLossScale'),
+]
+# Entries ours adds to a config: the experimental form records which Keras
+# family its inner optimizer is of, so that `from_config` rebuilds that one.
+EXTRA_CONFIG_KEYS = {'experimental': {'optimizer_family'}}
+
+
+@versions.KERAS_3.mark
+@pytest.mark.parametrize('ours_name, configs, original_name', CONFIG_PAIRS)
+def test_get_config_as_the_original(ours_keras_3, originals, ours_name,
+                                    configs, original_name):
+  mine, theirs = ours_keras_3['configs'][ours_name], originals[configs][
+      original_name]
+  assert {key: mine[key] for key in theirs if key in mine} == theirs
+  assert set(mine) - set(theirs) == EXTRA_CONFIG_KEYS.get(ours_name, set())
 
 
 def test_compare_finds_a_difference():

@@ -157,6 +157,25 @@ def v1_eager(make_opt, make_loss_scale, in_function):
   return trace
 
 
+def configs(make_opts, loss_scale_module):
+  """{what: get_config()} of optimizers (inner one by class) and loss scales.
+
+  `make_opts` maps a label to a function making the optimizer.
+  """
+  made = {}
+  for label, make in sorted(make_opts.items()):
+    config = dict(make().get_config())
+    for key in ('optimizer', 'inner_optimizer'):
+      if key in config:  # Keras 2's and Keras 3's configs of it differ.
+        config[key] = config[key]['class_name']
+    made[label] = config
+  if loss_scale_module is not None:
+    made['FixedLossScale'] = loss_scale_module.FixedLossScale(
+        128.0).get_config()
+    made['DynamicLossScale'] = _dynamic(loss_scale_module).get_config()
+  return made
+
+
 def _dynamic(module):
   return module.DynamicLossScale(initial_loss_scale=INITIAL_SCALE,
                                  increment_period=GROWTH_STEPS, multiplier=2.0)
@@ -166,7 +185,8 @@ def originals():
   """{scenario: trace} on the original TensorFlow running this."""
   version = '.'.join(tf.__version__.split('.')[:2])
   if version == '1.15':
-    return {'v1 session': v1_session(
+    return {'configs tf1.15': configs({}, tf.train.experimental),
+            'v1 session': v1_session(
         tf, lambda ls: tf.train.experimental.MixedPrecisionLossScaleOptimizer(
             tf.train.MomentumOptimizer(0.1, 0.9), ls),
         lambda: _dynamic(tf.train.experimental))}
@@ -178,9 +198,11 @@ def originals():
           _dynamic(tf.mixed_precision.experimental))
     traces = _keras_scenarios('experimental', keras, make, tf.Variable)
     traces['experimental policy fit'] = policy_fit()
+    traces['configs tf2.3'] = configs({'experimental': make},
+                                      tf.mixed_precision.experimental)
     return traces
   if version == '2.15':
-    traces = {}
+    traces, makes = {}, {}
     for label, sgd in (('legacy', keras.optimizers.legacy.SGD),
                        ('new', keras.optimizers.SGD)):
       def make(sgd=sgd):
@@ -189,6 +211,8 @@ def originals():
             dynamic_growth_steps=GROWTH_STEPS)
       traces.update(_keras_scenarios('mixed_precision ' + label, keras, make,
                                      tf.Variable))
+      makes['mixed_precision ' + label] = make
+    traces['configs tf2.15'] = configs(makes, None)
     return traces
   raise SystemExit('not an original: TensorFlow %s' % tf.__version__)
 
@@ -242,6 +266,10 @@ def ours():
   for in_function in (False, True):
     traces['v1 ' + ('tf.function' if in_function else 'eager')] = v1_eager(
         make_v1, lambda: _dynamic(tf_loss_scale), in_function)
+  makes = {'experimental': make_experimental}
+  if not legacy:
+    makes['mixed_precision'] = make_mixed
+  traces['configs'] = configs(makes, tf_loss_scale)
   # Last: it installs TF 2.3's names, for the rest of this process.
   tf_loss_scale.compat.install()
   traces['experimental policy fit'] = policy_fit()
