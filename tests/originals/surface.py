@@ -137,7 +137,8 @@ def parameter_difference(original: Optional[List[List[str]]],
     kind, has_default = kind.rstrip('='), kind.endswith('=')
     if kind in ('VAR_POSITIONAL', 'VAR_KEYWORD'):
       if kind not in kinds:
-        problems.append(f'no {"*args" if kind == "VAR_POSITIONAL" else "**kwargs"}')
+        star = '*args' if kind == 'VAR_POSITIONAL' else '**kwargs'
+        problems.append(f'no {star}')
       continue
     if kind in _POSITIONAL:
       if (position >= len(mine_positional) or
@@ -182,7 +183,8 @@ def difference(original: Dict[str, Any],
   return None
 
 
-def compare(originals: List[Dict[str, Any]], mine: Dict[str, Any]) -> List[Dict[str, Any]]:
+def compare(originals: List[Dict[str, Any]],
+            mine: Dict[str, Any]) -> List[Dict[str, Any]]:
   """One row per original member: where it is ours, and how it differs."""
   rows = []
   for record in originals:

@@ -249,7 +249,8 @@ def ours():
   traces = _keras_scenarios('experimental', keras, make_experimental,
                             make_variable)
   if not legacy:  # Under tf_keras the TF 2.4-2.15 form is tf_keras's own.
-    from tf_loss_scale.keras import mixed_precision  # pylint: disable=g-import-not-at-top
+    # pylint: disable-next=g-import-not-at-top
+    from tf_loss_scale.keras import mixed_precision
 
     def make_mixed():
       return mixed_precision.LossScaleOptimizer(
