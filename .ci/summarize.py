@@ -20,6 +20,8 @@ _RUNS = {
     'tf216': ('tf216', 'heavy files left to readme'),
     'tf221-legacy': ('readme', 'the README\'s .venv, TF_USE_LEGACY_KERAS=1; '
                      'heavy files left to readme'),
+    'originals': ('readme', "tests/test_surface.py, tests/test_traces.py "
+                  "against the originals' members and traces"),
 }
 _RESULT = re.compile(r'^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s')
 _SKIPPED = re.compile(r'^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$')
