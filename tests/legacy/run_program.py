@@ -8,10 +8,9 @@ directory; with `--installed` it installs nothing, for a run through
 installed them. The program asserts what it trained and prints a JSON line; the
 runner then prints its own last: `{"made": [...]}`, the classes of the loss
 scale optimizers the program constructed (module and qualname, in the order
-first made, with " in compile" when `Model.compile` made it: Keras 3's
-`compile` makes Keras's class under `mixed_float16`, which `install()`
-replaces), TensorFlow's, Keras's and this library's alike, so that a test
-can tell whose class ran. Used by tests/test_legacy_programs.py, one fresh
+first made, with " in compile" or " in enable_mixed_precision_graph_rewrite"
+when one of those made it), TensorFlow's, Keras's and this library's alike,
+so that a test can tell whose class ran. Used by tests/test_legacy_programs.py, one fresh
 process per program.
 """
 
@@ -46,14 +45,18 @@ def _with_subclasses(cls: type) -> Iterator[type]:
     yield from _with_subclasses(subclass)
 
 
-def _inside_compile() -> bool:
-  """Whether a `compile` (Keras's, or one wrapping it) is on the stack."""
+# Functions that make loss scale optimizers of their own.
+_MAKERS = ('compile', 'enable_mixed_precision_graph_rewrite')
+
+
+def _maker() -> str:
+  """' in NAME' when a function of `_MAKERS` is on the stack, else ''."""
   frame = sys._getframe(2)  # pylint: disable=protected-access
   while frame is not None:
-    if frame.f_code.co_name == 'compile':
-      return True
+    if frame.f_code.co_name in _MAKERS:
+      return ' in ' + frame.f_code.co_name
     frame = frame.f_back
-  return False
+  return ''
 
 
 def _record_construction(classes: List[type], made: List[str]) -> None:
@@ -63,8 +66,7 @@ def _record_construction(classes: List[type], made: List[str]) -> None:
 
     def init(self, *args, _original=original, **kwargs):
       name = f'{type(self).__module__}.{type(self).__qualname__}'
-      if _inside_compile():
-        name += ' in compile'
+      name += _maker()
       if name not in made:
         made.append(name)
       _original(self, *args, **kwargs)
