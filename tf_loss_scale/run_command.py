@@ -14,7 +14,7 @@ import runpy
 import subprocess
 import sys
 from importlib import metadata
-from typing import List, Optional
+from typing import List, MutableMapping, Optional, Union
 
 KERAS_2 = '2'
 KERAS_3 = '3'
@@ -60,7 +60,7 @@ def run(program: str, args: List[str], keras: str = KERAS_2) -> int:
   return _run_main(program, args)
 
 
-def _legacy_keras_setting(keras: str):
+def _legacy_keras_setting(keras: str) -> Union[bool, None, str]:
   """True or False for `TF_USE_LEGACY_KERAS`, None to leave it, or an error."""
   keras_version = _version('keras')
   keras_3 = keras_version is not None and int(keras_version.split('.')[0]) >= 3
@@ -81,7 +81,8 @@ def _legacy_keras_setting(keras: str):
   return True
 
 
-def _set_legacy_keras(environ, legacy: Optional[bool]) -> None:
+def _set_legacy_keras(environ: MutableMapping[str, str],
+                      legacy: Optional[bool]) -> None:
   if legacy is True:
     environ['TF_USE_LEGACY_KERAS'] = '1'
   elif legacy is False:
