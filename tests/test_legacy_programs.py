@@ -26,14 +26,20 @@ A program declares in its header comments how it runs:
     # Needs: Keras 2, or Keras 3.12 or later   (tf_keras's checkpoints)
     # Resumes: yes                       run twice in one directory, the
                                          first time under Keras 2's class
-The programs start together when the first test asks, two at a time.
+The selected programs start together when the first test asks, two at a
+time.
 
-The TF 2.4-2.15 programs (tf24_*, helper_maybe_wrap) also report which class
-`LossScaleOptimizer(...)` made (`optimizer_class`, module and qualname):
-this library's on Keras 3 (TensorFlow 2.16+ without `TF_USE_LEGACY_KERAS`),
-and elsewhere TensorFlow's or tf_keras's own, which `install()` leaves in
-place. A run this library is known to fail is an expected failure (strict),
-and only with the failure it is known for: another one fails the test.
+The runner reports the class of every loss scale optimizer a program made,
+and each program's run is checked for it: TF1 programs (`tf1_*`, after
+`install(override=True)`) the library's v1 class, never TensorFlow's;
+TF 2.0-2.3 programs (`tf23_*`, helper_configure_optimizer_tf23) the
+library's experimental class; TF 2.4-2.15 programs (tf24_*,
+helper_maybe_wrap) the library's class on Keras 3 (TensorFlow 2.16+ without
+`TF_USE_LEGACY_KERAS`), and elsewhere TensorFlow's or tf_keras's own, which
+`install()` leaves in place.
+
+A few programs also run through `python -m tf_loss_scale run`, under the
+Keras 2 it chooses and under `--keras 3`.
 """
 
 import concurrent.futures
@@ -43,7 +49,8 @@ import re
 import subprocess
 import tempfile
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import (Any, Callable, Dict, List, NamedTuple, Optional,
+                    Tuple)
 
 import pytest
 
@@ -77,9 +84,14 @@ _NEEDS = {
 _WRITER_LEGACY_KERAS = versions.TF >= (2, 16)
 _RESUMES = versions.KERAS_2
 
-# The programs of TF 2.4-2.15's `tf.keras.mixed_precision.LossScaleOptimizer`.
+# The programs of each generation's class, besides those named tf1_, tf23_,
+# tf24_.
+_TF23_HELPERS = ('helper_configure_optimizer_tf23.py',)
 _TF24_HELPERS = ('helper_maybe_wrap.py',)
 _OURS = 'tf_loss_scale.keras.mixed_precision.LossScaleOptimizer'
+_OURS_V1 = 'tf_loss_scale.optimizer_v1.MixedPrecisionLossScaleOptimizer'
+_OURS_EXPERIMENTAL = 'tf_loss_scale.keras.experimental'
+_KERAS_3_OWN = 'keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer'
 # Keras 2's class: `LossScaleOptimizerV3` around the optimizers of Keras 2.11+.
 _KERAS2_QUALNAMES = ('LossScaleOptimizer', 'LossScaleOptimizerV3')
 
@@ -100,6 +112,45 @@ def _expected_class_is(name: str, legacy_keras: bool) -> bool:
   return module.startswith(package + '.') and qualname in _KERAS2_QUALNAMES
 
 
+# Made by the library's own steps, and dropped: Keras 3's `compile` makes
+# Keras's class under `mixed_float16`, which `install()` replaces with the
+# library's; TensorFlow's graph rewrite switch, which the library's turns
+# on, wraps a throwaway optimizer in TensorFlow's class.
+_DROPPED = (
+    _KERAS_3_OWN + ' in compile',
+    'tensorflow.python.training.experimental.loss_scale_optimizer.'
+    'MixedPrecisionLossScaleOptimizer in enable_mixed_precision_graph_rewrite')
+
+
+def _kept(made: List[str]) -> List[str]:
+  """The classes made, but those of `_DROPPED`, without where made."""
+  kept = []
+  for name in made:
+    name = name.split(' in ')[0] if name not in _DROPPED else None
+    if name and name not in kept:
+      kept.append(name)
+  return kept
+
+
+def _expected_classes(name: str, legacy_keras: bool) -> Tuple[
+    str, Callable[[List[str]], bool]]:
+  """What `_kept` of the classes a program made must be, and a test."""
+  if name.startswith('tf1_'):
+    return (f'only {_OURS_V1}', lambda kept: kept == [_OURS_V1])
+  if name.startswith('tf23_') or name in _TF23_HELPERS:
+    return (f'only classes of {_OURS_EXPERIMENTAL}*', lambda kept: bool(
+        kept) and all(c.startswith(_OURS_EXPERIMENTAL) for c in kept))
+  if name == 'keras3_both_names.py':
+    # Under tf_keras, `keras.mixed_precision` keeps Keras 3's own class.
+    both = [_KERAS_3_OWN] + [_OURS] * (not legacy_keras)
+    return ' then '.join(both), lambda kept: kept == both
+  if name.startswith('tf24_') or name in _TF24_HELPERS:
+    expected = _OURS if _ours_runs(legacy_keras) else "Keras 2's own class"
+    return (f'only {expected}', lambda kept: bool(kept) and all(
+        _expected_class_is(c, legacy_keras) for c in kept))
+  raise ValueError(f'{name}: no rule for the classes it makes')
+
+
 class Program(NamedTuple):
   name: str
   override: bool
@@ -107,10 +158,6 @@ class Program(NamedTuple):
   resumes: bool
   condition: versions.Condition
   keras3_only: bool = False
-
-  @property
-  def reports_class(self) -> bool:
-    return self.name.startswith('tf24_') or self.name in _TF24_HELPERS
 
 
 def _header(text: str, key: str) -> Optional[str]:
@@ -172,11 +219,38 @@ def _param(program: Program, legacy_keras: bool) -> Any:
       id=f'{program.name[:-3]}-{"tf_keras" if legacy_keras else "tf.keras"}')
 
 
+# Programs also run through `python -m tf_loss_scale run`, with its --keras.
+_RUN_COMMAND = (('tf1_monitored_session.py', '2'),
+                ('tf23_custom_loop_dynamic.py', '3'),
+                ('tf24_fit_then_loop.py', '2'),
+                ('tf24_fit_then_loop.py', '3'))
+
+
+def _run_command_condition(keras: str) -> versions.Condition:
+  if versions.LEGACY_KERAS_REQUESTED:
+    return versions.Condition(False, (
+        '`run` chooses the Keras itself: the run without TF_USE_LEGACY_KERAS '
+        'runs it'))
+  if keras == '3':
+    return versions.KERAS_3
+  return versions.TF_KERAS_INSTALLED if versions.KERAS_3 else versions.KERAS_2
+
+
 class Run(NamedTuple):
   returncode: Optional[int]  # None: killed at the timeout
   stdout: str
   stderr: str
   seconds: float
+
+
+def _timed(args: List[str], legacy_keras: bool, workdir: str) -> Run:
+  start = time.monotonic()
+  try:
+    done = fresh_process.run(args, legacy_keras, _TIMEOUT, cwd=workdir)
+  except subprocess.TimeoutExpired:  # subprocess.run killed the child
+    return Run(None, '', 'killed at the timeout', _TIMEOUT)
+  return Run(done.returncode, done.stdout, done.stderr[-6000:],
+             time.monotonic() - start)
 
 
 def _run(program: Program, legacy_keras: bool, workdir: str) -> List[Run]:
@@ -185,29 +259,40 @@ def _run(program: Program, legacy_keras: bool, workdir: str) -> List[Run]:
       os.path.join(_LEGACY, program.name)]
   runs = []
   for legacy in [_WRITER_LEGACY_KERAS] * program.resumes + [legacy_keras]:
-    start = time.monotonic()
-    try:
-      done = fresh_process.run(args, legacy, _TIMEOUT, cwd=workdir)
-    except subprocess.TimeoutExpired:  # subprocess.run killed the child
-      runs.append(Run(None, '', 'killed at the timeout', _TIMEOUT))
-      break
-    runs.append(Run(done.returncode, done.stdout, done.stderr[-6000:],
-                    time.monotonic() - start))
-    if done.returncode:
+    runs.append(_timed(args, legacy, workdir))
+    if runs[-1].returncode != 0:
       break
   return runs
 
 
+def _run_command(name: str, keras: str, workdir: str) -> Run:
+  """Runs the program through `tf-loss-scale run`, with the runner's record."""
+  return _timed(['-m', 'tf_loss_scale', 'run', '--keras', keras, _RUNNER,
+                 '--installed', os.path.join(_LEGACY, name)], False, workdir)
+
+
 @pytest.fixture(scope='session')
-def program_runs(tmp_path_factory) -> Dict[Tuple[str, bool],
-                                           concurrent.futures.Future]:
-  """Every run that applies here, started two at a time."""
+def program_runs(request, tmp_path_factory) -> Dict[Tuple[Any, ...],
+                                                    concurrent.futures.Future]:
+  """Every run that applies here and was selected, started two at a time."""
+  selected = [item.callspec.params for item in request.session.items
+              if str(item.fspath) == os.path.abspath(__file__) and
+              hasattr(item, 'callspec')]
+  programs = {(p['program'].name, p['legacy_keras']) for p in selected
+              if 'program' in p}
+  commands = {(p['name'], p['keras']) for p in selected if 'name' in p}
   root = tmp_path_factory.mktemp('legacy_programs')
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS)
-  yield {(program.name, legacy_keras): pool.submit(
+  runs = {(program.name, legacy_keras): pool.submit(
       _run, program, legacy_keras, tempfile.mkdtemp(dir=root))
-         for program, legacy_keras in RUNS
-         if _condition(program, legacy_keras)}
+          for program, legacy_keras in RUNS
+          if (program.name, legacy_keras) in programs and
+          _condition(program, legacy_keras)}
+  runs.update({('run', name, keras): pool.submit(
+      _run_command, name, keras, tempfile.mkdtemp(dir=root))
+               for name, keras in _RUN_COMMAND
+               if (name, keras) in commands and _run_command_condition(keras)})
+  yield runs
   pool.shutdown(wait=True)
 
 
@@ -226,13 +311,33 @@ def test_legacy_program_runs_unmodified(program, legacy_keras, program_runs):
     assert run.returncode == 0, (
         f'{program.name}{phase} under {keras} failed (exit '
         f'{run.returncode}, {run.seconds:.0f} s):\n{run.stderr}')
-  results = [json.loads(run.stdout.strip().splitlines()[-1]) for run in runs]
+  # The program's JSON line, then the runner's.
+  lines = [run.stdout.strip().splitlines() for run in runs]
+  results = [json.loads(out[-2]) for out in lines]
   if program.resumes:
     assert [r['resumed'] for r in results] == [False, True], results
-  if program.reports_class:
-    for result, legacy in zip(results, legacy_of_run):
-      ran = result.get('optimizer_class')
-      expected = _OURS if _ours_runs(legacy) else "Keras 2's own class"
-      where = 'tf_keras' if legacy else 'the default tf.keras'
-      assert ran and _expected_class_is(ran, legacy), (
-          f'{program.name} under {where} ran {ran}, expected {expected}')
+  for out, legacy in zip(lines, legacy_of_run):
+    _assert_made(program.name, json.loads(out[-1])['made'], legacy)
+
+
+def _assert_made(name: str, made: List[str], legacy_keras: bool) -> None:
+  expected, holds = _expected_classes(name, legacy_keras)
+  where = 'tf_keras' if legacy_keras else 'the default tf.keras'
+  assert holds(_kept(made)), (
+      f'{name} under {where} made {made}, expected {expected}')
+
+
+@pytest.mark.parametrize('name,keras', _RUN_COMMAND,
+                         ids=[f'{n[:-3]}-keras{k}' for n, k in _RUN_COMMAND])
+def test_legacy_program_through_run_command(name, keras, program_runs):
+  condition = _run_command_condition(keras)
+  if not condition:
+    pytest.skip(condition.reason)
+  run = program_runs['run', name, keras].result()
+  assert run.returncode == 0, (
+      f'tf-loss-scale run --keras {keras} {name} failed (exit '
+      f'{run.returncode}, {run.seconds:.0f} s):\n{run.stderr}')
+  # Keras 2 is tf_keras where `keras` is Keras 3.
+  legacy = keras == '2' and bool(versions.KERAS_3)
+  _assert_made(name, json.loads(run.stdout.strip().splitlines()[-1])['made'],
+               legacy)

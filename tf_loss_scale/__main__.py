@@ -4,10 +4,11 @@
                      [--strategy none|mirrored] [--onednn auto|on|off]
                      [--loss-weight W] [--out DIR] [--verbose]
   tf-loss-scale inspect CHECKPOINT
+  tf-loss-scale run [--keras 2|3] PROGRAM.py [ARGS...]
 
 Nothing here imports TensorFlow before a command runs, so that the demo can
-set TensorFlow's oneDNN switch and both commands can keep TensorFlow's
-start-up log off the terminal.
+set TensorFlow's oneDNN switch, `run` can choose the Keras TensorFlow loads,
+and the commands can keep TensorFlow's start-up log off the terminal.
 """
 
 import argparse
@@ -30,12 +31,16 @@ def main(argv: Optional[List[str]] = None) -> int:
   Returns:
     The exit code: 0 on success, 1 when a checkpoint holds no loss scale
     state, 2 for a usage error (a `--api` that does not work with the
-    installed packages included) or a missing or unreadable checkpoint.
+    installed packages included) or a missing or unreadable checkpoint;
+    `run`'s is the program's (see `tf_loss_scale.run_command.run`).
   """
   parser = _parser()
   args = parser.parse_args(argv)
   if args.command == 'demo':
     return _demo(args)
+  if args.command == 'run':
+    from tf_loss_scale import run_command  # pylint: disable=g-import-not-at-top
+    return run_command.run(args.program, args.args, args.keras)
   return _inspect(args.checkpoint)
 
 
@@ -101,6 +106,18 @@ def _parser() -> argparse.ArgumentParser:
   inspect.add_argument(
       'checkpoint', help='a .keras file, a checkpoint prefix, or a directory '
       'with a "checkpoint" file')
+  run = commands.add_parser(
+      'run', help='run a program written for an older TensorFlow, '
+      'unmodified, after tf_loss_scale.compat.install(override=True)',
+      description='Runs PROGRAM.py as __main__ with ARGS after '
+      'tf_loss_scale.compat.install(override=True), under Keras 2 (tf_keras '
+      'with TF_USE_LEGACY_KERAS=1 where keras is Keras 3) or Keras 3. The '
+      'exit status and traceback are the program\'s.')
+  run.add_argument('--keras', choices=('2', '3'), default='2',
+                   help='the Keras the program was written for')
+  run.add_argument('program', help='the Python file to run')
+  run.add_argument('args', nargs=argparse.REMAINDER,
+                   help='the program\'s arguments')
   return parser
 
 

@@ -5,7 +5,8 @@ global step on a step it skips (TensorFlow's wrapper applies nothing then),
 so a run with one skipped step takes one extra `run`. The model computes
 in float16; the first batch's feature is 64, whose gradient (-192) is
 finite in float16 and overflows once multiplied by the loss scale, which
-starts at 2**10 and halves once.
+starts at 2**10 and halves once. TensorFlow 2.15.1's own wrapper, run on
+this program, gives the same runs, scale, global step and weight.
 """
 # Runs after: compat.install(override=True)
 # Keras: no

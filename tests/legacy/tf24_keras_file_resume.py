@@ -54,6 +54,13 @@ loaded = tf.keras.models.load_model(path)
 assert type(loaded.optimizer) is type(model.optimizer), (
     type(loaded.optimizer), type(model.optimizer))
 assert int(loaded.optimizer.iterations) == 16, int(loaded.optimizer.iterations)
+
+
+# 16 finite steps: the scale never moved from 2**15. (TF 2.15.1's loader
+# restores the scale, and starts `dynamic_counter` afresh at 0.)
+assert float(model.optimizer.loss_scale) == 2.0 ** 15
+assert float(loaded.optimizer.loss_scale) == 2.0 ** 15
+assert int(model.optimizer.dynamic_counter) == 16
 saved_state, loaded_state = optimizer_state(model), optimizer_state(loaded)
 assert len(loaded_state) == len(saved_state) > 4, len(loaded_state)
 for saved, restored in zip(saved_state, loaded_state):
@@ -66,6 +73,9 @@ assert losses[0] == losses[1], losses
 for a, b in zip(model.get_weights(), loaded.get_weights()):
   np.testing.assert_array_equal(a, b)
 assert int(loaded.optimizer.iterations) == 24
+assert float(model.optimizer.loss_scale) == 2.0 ** 15
+assert float(loaded.optimizer.loss_scale) == 2.0 ** 15
+assert int(model.optimizer.dynamic_counter) == 24
 print(json.dumps({'optimizer': type(loaded.optimizer).__name__,
                   'iterations': 24, 'loss_after_resume': losses[1],
                   'optimizer_class': (f'{type(loaded.optimizer).__module__}.'
