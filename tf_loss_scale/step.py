@@ -281,8 +281,8 @@ def apply_step(grads: Sequence[Any],
            step_record.positions(len(grads)))
   if len(names) != len(grads):
     raise ValueError(
-        f'Got {len(grads)} gradients but {len(names)} names: pass one name '
-        'per gradient.')
+        f'Got {len(grads)} gradients for {len(names)} variables: pass one '
+        'gradient per variable.')
   divided_by = None
   if scaled is not None:
     scale = state.scale()
