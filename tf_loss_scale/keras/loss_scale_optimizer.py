@@ -223,6 +223,11 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   # the sums), or each replica's, which it sums itself after clipping them,
   # as under Keras's class.
   _INNER_GETS_SUMS = False
+  # Whether, when the inner optimizer sums each replica's gradients, the
+  # step still decides on the exact sums (`step.apply_step`), as Keras's
+  # class applies any finite sum, at the cost of one more all-reduce; this
+  # class decides on a bound (docs/differences.md).
+  _DECIDES_ON_SUMS = False
 
   def _apply(self, grads: Sequence[Any],
              trainable_variables: Optional[Sequence[Any]],
@@ -256,7 +261,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
         scaled=scaled, reduces=not hands_sums, summed=summed,
         names=step_record.gradient_names(variables),
         on_skip=lambda _: self._on_skipped_step(scaled is None),
-        held_as=[v.dtype for v in variables])
+        held_as=[v.dtype for v in variables],
+        decides_on_sums=self._DECIDES_ON_SUMS)
 
   def stateless_apply(
       self, optimizer_variables: Sequence[Any], grads: Sequence[Any],

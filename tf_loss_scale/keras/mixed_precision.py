@@ -106,6 +106,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   # and this one under Keras 3's protocol, hands each replica's, clipped
   # before the sum).
   _INNER_GETS_SUMS = True
+  # Under Keras 3's protocol, a finite sum is applied, as by Keras's class,
+  # whose name this class takes after `install()`.
+  _DECIDES_ON_SUMS = True
   _FORM = guards.MIXED_PRECISION_FORM
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
