@@ -263,3 +263,193 @@ def test_a_forgotten_scaling_method_is_named_as_tf_keras_names_it(
   assert not _warnings(
       caplog, mixed_precision.LossScaleOptimizer(keras.optimizers.SGD()),
       keras.Variable([1.0]), ('get_scaled_loss', 'get_unscaled_gradients'))
+
+
+# ---- Keras's class until a TF 2.4-2.15 method is called ---------------------
+# Under `compat.install()` this class is `keras.mixed_precision.
+# LossScaleOptimizer`: a Keras 3 program that calls no TF 2.4-2.15 method
+# must see Keras's class (`tests/test_compat_keras_behaviour.py` runs these
+# programs under that name).
+
+
+def _caller_scaled_steps(opt, apply):
+  """Keras's own pattern: the caller scales the loss, `apply` unscales.
+
+  A step of infinite gradients (skipped), then one of the loss
+  sum(var * [0.5, 3, 3.5, 1]) times the scale, from [1, 2, 3, 4], SGD(1).
+  """
+  var = keras.Variable([1.0, 2.0, 3.0, 4.0])
+  apply(opt, [tf.constant([np.inf, 0.0, 0.0, 0.0])], var)
+  after_skip = int(opt.iterations.numpy())
+  scale = tf.convert_to_tensor(opt.dynamic_scale)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(var * [0.5, 3.0, 3.5, 1.0]) * scale
+  apply(opt, tape.gradient(loss, [var]), var)
+  return (var.numpy().tolist(), after_skip, int(opt.iterations.numpy()),
+          float(scale))
+
+
+def _apply(opt, grads, var):
+  opt.apply(grads, [var])
+
+
+def _stateless_apply(opt, grads, var):
+  if not opt.built:
+    opt.build([var])
+  new_vars, new_opt = opt.stateless_apply(
+      [v.value for v in opt.variables], grads, [var.value])
+  var.assign(new_vars[0])
+  for variable, value in zip(opt.variables, new_opt):
+    variable.assign(value)
+
+
+@pytest.mark.parametrize('apply', [_apply, _stateless_apply])
+def test_apply_takes_gradients_of_the_scaled_loss_as_keras_class(apply):
+  ours = _caller_scaled_steps(
+      mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0)), apply)
+  # Keras's stateless_apply refuses the TensorFlow backend: its `apply`.
+  assert ours == _caller_scaled_steps(
+      keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0)), _apply)
+  # Skipped (not counted, the scale halved), then applied unscaled.
+  assert ours == ([0.5, -1.0, -0.5, 3.0], 0, 1, 16384.0)
+
+
+def test_apply_gradients_takes_plain_gradients_after_fit_as_tf_keras():
+  # TF 2.4-2.15 code: `fit`, then an apply of gradients it computed itself.
+  def run(api, opt):
+    model = _dense_model(api)
+    model.compile(opt, 'mse')
+    x = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
+    model.fit(x, np.ones((4, 2), np.float32), batch_size=4, verbose=0)
+    kernel = model.trainable_variables[0]
+    before = np.asarray(kernel.numpy())
+    opt.apply_gradients([(tf.ones((3, 2)), kernel)])
+    return (np.asarray(kernel.numpy()) - before).tolist()
+
+  ours = run(keras, mixed_precision.LossScaleOptimizer(
+      keras.optimizers.SGD(0.5)))
+  theirs = run(tf_keras, tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.SGD(0.5)))
+  assert ours == theirs == [[-0.5, -0.5]] * 3
+
+
+def _scales_after_overflows(opt, tf24_call):
+  var = keras.Variable([1.0])
+  if tf24_call:
+    opt.get_scaled_loss(tf.constant(1.0))
+    opt.get_unscaled_gradients([tf.constant([1.0])])
+  scales = []
+  for _ in range(2):
+    opt.apply_gradients([(tf.constant([np.inf]), var)]
+                        ) if tf24_call else opt.apply([tf.constant([np.inf])],
+                                                      [var])
+    scales.append(float(tf.convert_to_tensor(opt.dynamic_scale)))
+  return scales
+
+
+def test_a_dynamic_scale_has_keras_floor_until_a_tf24_method_is_called():
+  def make(api):
+    return api.mixed_precision.LossScaleOptimizer(api.optimizers.SGD(1.0),
+                                                  initial_scale=1.0)
+
+  # Keras's class halves past 1 (its scale has no floor).
+  assert _scales_after_overflows(make(keras), False) == [0.5, 0.25]
+  assert _scales_after_overflows(
+      mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+                                         initial_scale=1.0),
+      False) == [0.5, 0.25]
+  # tf_keras's stops at 1; so does this class once TF 2.4-2.15's methods
+  # are called.
+  theirs = make(tf_keras)
+  var = tf.Variable([1.0])
+  theirs.apply_gradients([(tf.constant([np.inf]), var)])
+  assert float(theirs.loss_scale) == 1.0
+  assert _scales_after_overflows(
+      mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+                                         initial_scale=1.0),
+      True) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize('kwargs', [
+    {'dynamic': 1}, {'dynamic': 1, 'initial_scale': 1024},
+    {'dynamic': 'dynamic'}])
+def test_dynamic_by_name_must_be_a_bool_as_tf_keras(kwargs):
+  with pytest.raises(TypeError, match='"dynamic" argument to '
+                     'LossScaleOptimizer.__init__ must be a bool'):
+    tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.SGD(),
+                                                **kwargs)
+  with pytest.raises(TypeError, match='"dynamic" argument to '
+                     r'LossScaleOptimizer.__init__ must be a bool, but got: '
+                     f'{kwargs["dynamic"]!r}'):
+    mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_positional_arguments_are_keras_3s_for_a_number_tf24s_for_a_bool():
+  keras3 = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(), 1024, 7)
+  assert (keras3.dynamic, keras3.initial_scale, keras3.dynamic_growth_steps
+         ) == (True, 1024.0, 7)
+  tf24 = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(), False,
+                                            128)
+  assert (tf24.dynamic, tf24.initial_scale) == (False, 128.0)
+  with pytest.raises(TypeError, match="multiple values for argument "
+                     "'initial_scale'"):
+    mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(), 1024,
+                                       initial_scale=8)
+
+
+def test_iterations_is_a_keras_variable_until_a_tf24_method_is_called():
+  ours = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD())
+  keras_class = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+  for opt in (ours, keras_class):
+    assert isinstance(opt.iterations, keras.Variable)
+    assert opt.iterations.path.endswith('iteration')
+    assert isinstance(opt.iterations.value, tf.Variable)  # A property.
+  ours.get_scaled_loss(tf.constant(1.0))
+  assert isinstance(ours.iterations, tf.Variable)
+  assert isinstance(
+      mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(),
+                                         dynamic=True).iterations,
+      tf.Variable)
+
+
+def test_numpy_gradients_are_unscaled_as_tf_keras():
+  grads = [np.array([2.0, 4.0], np.float32), np.float32(8.0)]
+  theirs = tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.SGD(), initial_scale=2.0)
+  ours = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(),
+                                            initial_scale=2.0)
+  expected = [[1.0, 2.0], 4.0]
+  for opt in (theirs, ours):
+    assert [np.asarray(g).tolist()
+            for g in opt.get_unscaled_gradients(grads)] == expected
+
+
+def test_scaling_in_a_function_traced_once_warns_nothing_as_tf_keras(caplog):
+  caplog.set_level(logging.WARNING)
+
+  def three_steps(opt, var):
+    @tf.function
+    def scaled_gradients():
+      with tf.GradientTape() as tape:
+        loss = opt.get_scaled_loss(tf.reduce_sum(var * 2.0))
+      return tape.gradient(loss, [var])
+
+    for _ in range(3):
+      grads = opt.get_unscaled_gradients(scaled_gradients())
+      opt.apply_gradients(zip(grads, [var]))
+    return var.numpy().tolist()
+
+  ours = three_steps(mixed_precision.LossScaleOptimizer(
+      keras.optimizers.SGD(0.5)), keras.Variable([1.0]))
+  theirs = three_steps(tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.SGD(0.5)), tf.Variable([1.0]))
+  assert ours == theirs == [-2.0]
+  assert not [r for r in caplog.records if 'forgot' in r.getMessage()]
+
+
+def test_mismatched_counts_are_named_as_counts():
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD())
+  var = keras.Variable([1.0])
+  with pytest.raises(ValueError,
+                     match=r'apply\(\) got 2 gradients for 1 variables'):
+    opt.apply([tf.constant([1.0]), tf.constant([1.0])], [var])

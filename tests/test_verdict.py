@@ -16,12 +16,16 @@ replicas. How exactly depends on who sums:
   class, hands float16 gradients over in float32, where these sums fit,
   but its inner optimizer casts them back to a float16 variable: it bounds
   them by float16's largest value as well (Keras's class applies a sum
-  that is inf there).
+  that is inf there). TF 2.4-2.15's class, `keras.mixed_precision.
+  LossScaleOptimizer` after `install()`, decides on the exact sums as
+  Keras's class applies them (below).
 
 The float16 gradients below are [40000, 1] on replica 0 and [-39008, 1] on
 replica 1 (both exact in float16): each finite, their sum [992, 2] finite,
 40000 + 39008 past float16's 65504.
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -111,4 +115,27 @@ def test_every_front_end_skips_a_sum_that_overflows(front_end,
   # sum in float32, and skip a sum their float16 variable would get as
   # inf: tests/test_keras_distribute.py).
   _assert_skipped(mirrored_strategy, front_end,
+                  ([40000.0, 1.0], [40000.0, 1.0]))
+
+
+# TF 2.4-2.15's class driven as Keras 3 code drives Keras's (gradients of the
+# scaled loss to `apply`), as under `install()`'s shared name: Keras's class
+# applies any finite sum, and so does it, deciding on the exact sums (one
+# more all-reduce). The Keras 3 form above keeps the bound
+# (docs/differences.md).
+_SHARED_NAME = dataclasses.replace(
+    front_ends.KERAS3, name='shared_name',
+    wrap=front_ends.KERAS_MIXED_PRECISION.wrap)
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+def test_the_shared_name_class_applies_a_finite_sum_as_keras_class(
+    mirrored_strategy):
+  _assert_applied(mirrored_strategy, _SHARED_NAME, _CANCELLING)
+
+
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
+def test_the_shared_name_class_skips_a_sum_its_float16_variable_cannot_hold(
+    mirrored_strategy):
+  _assert_skipped(mirrored_strategy, _SHARED_NAME,
                   ([40000.0, 1.0], [40000.0, 1.0]))

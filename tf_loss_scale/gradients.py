@@ -65,7 +65,8 @@ def unscale(grads: Any, scale: tf.Tensor, divide: bool = False) -> Any:
     if isinstance(grad, tf.IndexedSlices):
       return tf.IndexedSlices(unscale_values(grad.values), grad.indices,
                               grad.dense_shape)
-    return None if grad is None else unscale_values(grad)
+    # NumPy arrays and Python numbers have no TensorFlow dtype yet.
+    return None if grad is None else unscale_values(tf.convert_to_tensor(grad))
 
   return tf.nest.map_structure(unscale_one, grads)
 

@@ -241,7 +241,8 @@ def apply_step(grads: Sequence[Any],
                on_skip: Optional[Callable[[List[Any]], Any]] = None,
                names: Optional[Sequence[str]] = None,
                name: Optional[str] = None,
-               held_as: Optional[Sequence[Any]] = None) -> Outcome:
+               held_as: Optional[Sequence[Any]] = None,
+               decides_on_sums: bool = False) -> Outcome:
   """Unscales, decides, applies or skips, and then moves the state.
 
   Call it in a replica context (inside `strategy.run`) or with no strategy.
@@ -272,6 +273,9 @@ def apply_step(grads: Sequence[Any],
       (or sum across replicas) is read as the variable will receive it, so
       a finite float32 sum that is inf in a float16 variable skips the step
       (`distribute.read`).
+    decides_on_sums: With `reduces`, whether the step still decides on the
+      exact sums rather than on the bound (one more all-reduce, for the
+      reading only): `apply_fn` gets each replica's gradients all the same.
 
   Returns:
     The step's `Outcome`.
@@ -281,8 +285,8 @@ def apply_step(grads: Sequence[Any],
            step_record.positions(len(grads)))
   if len(names) != len(grads):
     raise ValueError(
-        f'Got {len(grads)} gradients but {len(names)} names: pass one name '
-        'per gradient.')
+        f'Got {len(grads)} gradients for {len(names)} variables: pass one '
+        'gradient per variable.')
   divided_by = None
   if scaled is not None:
     scale = state.scale()
@@ -298,6 +302,11 @@ def apply_step(grads: Sequence[Any],
   if divided_by is not None and not sums:
     read_from = gradients.to_read(handed, grads)
   dividends = read_from is not grads
+  reads_sums = sums
+  if decides_on_sums and not sums and tf.distribute.has_strategy():
+    # The exact sums, read only: `apply_fn` sums `grads` itself.
+    read_from = distribute.all_reduce_in_replica(grads)
+    dividends, reads_sums = False, True
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
                        read_from: List[Any],
@@ -305,7 +314,8 @@ def apply_step(grads: Sequence[Any],
     # The one reading of the gradients, made when the verdict or the report
     # first asks for it.
     reading = functools.lru_cache(maxsize=None)(lambda: distribute.read(
-        read_from, summed=sums, divided_by=divided_by, dividends=dividends,
+        read_from, summed=reads_sums, divided_by=divided_by,
+        dividends=dividends,
         held_as=held_as))
     decision = state.decide(grads, lambda: reading().finite)
     report = state.skip_reporter(names, reading)

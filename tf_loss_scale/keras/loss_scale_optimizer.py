@@ -138,7 +138,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   _FORM = guards.KERAS_FORM
 
   def _scale_floor(self) -> Optional[float]:
-    """The lowest `initial_scale` taken: 1, where the scale never goes."""
+    """The floor: the lowest `initial_scale` taken, never gone below.
+
+    1 for this class; None (no floor) for a subclass that has none.
+    """
     return 1.0
 
   def build(self, var_list: Sequence[Any]) -> None:
@@ -220,11 +223,19 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   # the sums), or each replica's, which it sums itself after clipping them,
   # as under Keras's class.
   _INNER_GETS_SUMS = False
+  # Whether, when the inner optimizer sums each replica's gradients, the
+  # step still decides on the exact sums (`step.apply_step`), as Keras's
+  # class applies any finite sum, at the cost of one more all-reduce; this
+  # class decides on a bound (docs/differences.md).
+  _DECIDES_ON_SUMS = False
 
   def _apply(self, grads: Sequence[Any],
              trainable_variables: Optional[Sequence[Any]],
-             summed: bool = False) -> None:
-    """`apply`; with `summed`, `grads` are the sums across replicas."""
+             summed: bool = False, method: Optional[str] = 'apply') -> None:
+    """`apply`; with `summed`, `grads` are the sums across replicas.
+
+    `method` is as `_scaled_flags` takes it.
+    """
     where = f'{type(self).__name__}.apply()'
     guards.check_step(where, [self.inner_optimizer])
     keras3_support.check_replicas_are_summed(where)
@@ -237,7 +248,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     guards.check_step(where, [self.dynamic_scale, self.step_counter])
     variables = list(trainable_variables or self._scratch.built_with)
     grads = list(grads)
-    scaled = self._scaled_flags(grads, variables)
+    scaled = self._scaled_flags(grads, variables, method)
     inner_apply = lambda unscaled: self.inner_optimizer.apply(
         unscaled, trainable_variables=trainable_variables)
     # Under Keras 3's protocol every form hands over what Keras's class does.
@@ -250,7 +261,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
         scaled=scaled, reduces=not hands_sums, summed=summed,
         names=step_record.gradient_names(variables),
         on_skip=lambda _: self._on_skipped_step(scaled is None),
-        held_as=[v.dtype for v in variables])
+        held_as=[v.dtype for v in variables],
+        decides_on_sums=self._DECIDES_ON_SUMS)
 
   def stateless_apply(
       self, optimizer_variables: Sequence[Any], grads: Sequence[Any],
@@ -308,7 +320,9 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     grads = list(grads)
     outcome = step.apply_step(
         grads, self._scale_state(values[scale_index], values[counter_index]),
-        scratch.apply, scaled=self._scaled_flags(grads, model_variables))
+        scratch.apply,
+        scaled=self._scaled_flags(grads, model_variables,
+                                  'stateless_apply'))
     values[scale_index], values[counter_index] = outcome.state
     # Read back once the step has run (or was skipped: then the scratch
     # variables still hold the values given).
@@ -325,8 +339,12 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     """
     del given_unscaled
 
-  # Every gradient given to an apply is of the scaled loss.
-  _scaled_flags = staticmethod(protocols.scaled_flags)
+  def _scaled_flags(self, grads: Sequence[Any],
+                    variables: Optional[Sequence[Any]],
+                    method: Optional[str] = 'apply') -> Optional[List[bool]]:
+    """Every gradient given to an apply is of the scaled loss, as Keras's."""
+    return protocols.scaled_flags(grads, variables,
+                                  method or 'apply_gradients')
 
   def _scale_state(self, scale: Optional[tf.Tensor] = None,
                    counter: Optional[tf.Tensor] = None) -> step.ScaleState:
@@ -376,8 +394,10 @@ class _KerasScale(step.ScaleState):
     scale, counter = self._values or (
         tf.convert_to_tensor(opt.dynamic_scale),
         tf.convert_to_tensor(opt.step_counter))
+    floor = opt._scale_floor()  # pylint: disable=protected-access
     new_scale, new_counter = loss_scale_lib.next_dynamic_state(
-        scale, counter, verdict, int(opt.dynamic_growth_steps), _MULTIPLIER)
+        scale, counter, verdict, int(opt.dynamic_growth_steps), _MULTIPLIER,
+        min_loss_scale=floor or 0.0)
     new_counter = tf.cast(new_counter, counter.dtype)
     if self._values is not None:
       return new_scale, new_counter

@@ -17,6 +17,15 @@ the loss); `iterations` is the inner optimizer's count and cannot be
 replaced. Any other name is the wrapper's own attribute. Keras's `build`
 on the wrapper sees the wrapper's own settings (the defaults), so it makes
 no second EMA or accumulator copy of the model.
+
+Whose behaviour, one helper (`_follows_tf_keras`): the class is Keras's
+`LossScaleOptimizer` in what a Keras 3 program observes (`iterations` a
+Keras variable, a dynamic scale with no floor) until the program calls a
+method of TF 2.4-2.15's class (`get_scaled_loss`, `get_unscaled_gradients`,
+`compute_gradients`, `minimize`) or constructs it with TF 2.4-2.15's
+`dynamic`; from then on it is tf_keras's (`iterations` a `tf.Variable`, a
+dynamic scale floored at 1). Which gradients an apply takes is decided by
+the method called (`tf_loss_scale.keras.protocols`), not by this.
 """
 
 import contextlib
@@ -47,6 +56,8 @@ _NOT_FORWARDED = frozenset({'name', 'loss_scale_factor'})
 _OWN_CONFIG = ('dynamic', 'initial_scale', 'dynamic_growth_steps', 'name')
 # TF 2.4-2.10's other names for forwarded settings.
 _ALIASES = {'lr': 'learning_rate'}
+# `dynamic` not given: Keras's behaviour (module docstring).
+_UNSET = object()
 
 
 class _TakesKerasClassInstances(type(keras.optimizers.LossScaleOptimizer)):
@@ -86,8 +97,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   opt.apply_gradients(zip(grads, variables))
   ```
 
-  `apply_gradients` takes unscaled gradients unless `scale_loss` was
-  called (`tf_loss_scale.keras.protocols`). A fixed scale (`dynamic=False`)
+  `apply_gradients` takes gradients as given unless `scale_loss` was
+  called for its step; `apply` and `stateless_apply` take gradients of the
+  scaled loss (`tf_loss_scale.keras.protocols`). A fixed scale (`dynamic=False`)
   applies every step, even a non-finite one, as TF 2.4-2.15's did. Config
   and checkpoint layout are Keras's (tf_keras's configs and checkpoints are
   read too).
@@ -99,22 +111,34 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   # and this one under Keras 3's protocol, hands each replica's, clipped
   # before the sum).
   _INNER_GETS_SUMS = True
+  # Under Keras 3's protocol, a finite sum is applied, as by Keras's class,
+  # whose name this class takes after `install()`.
+  _DECIDES_ON_SUMS = True
   _FORM = guards.MIXED_PRECISION_FORM
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
-               dynamic: bool = True, initial_scale: Optional[float] = None,
+               *args: Any, dynamic: Any = _UNSET,
+               initial_scale: Optional[float] = None,
                dynamic_growth_steps: Optional[int] = None,
                name: Optional[str] = None):
     """Wraps `inner_optimizer`.
 
-    Keras 3's positional form, `LossScaleOptimizer(inner, initial_scale,
-    dynamic_growth_steps)`, is taken too (a number where `dynamic` stands):
+    TF 2.4-2.15's form, `LossScaleOptimizer(inner, dynamic=True,
+    initial_scale=None, dynamic_growth_steps=None)`, and Keras 3's,
+    `LossScaleOptimizer(inner, initial_scale, dynamic_growth_steps)`:
     Keras 3 names this class `keras.mixed_precision.LossScaleOptimizer`
-    where `tf_loss_scale.compat.install()` puts it.
+    where `tf_loss_scale.compat.install()` puts it. A positional number
+    after `inner_optimizer` is Keras 3's `initial_scale`, a positional bool
+    TF 2.4-2.15's `dynamic`.
 
     Args:
       inner_optimizer: The Keras 3 optimizer that applies the gradients.
-      dynamic: Whether the scale adapts (True) or stays `initial_scale`.
+      *args: `dynamic` (a bool), `initial_scale`, `dynamic_growth_steps` in
+        TF 2.4-2.15's order, or `initial_scale` (a number) and
+        `dynamic_growth_steps` in Keras 3's.
+      dynamic: Whether the scale adapts (True) or stays `initial_scale`;
+        given (here or positionally), TF 2.4-2.15's behaviour follows
+        (module docstring).
       initial_scale: The first scale, a finite positive number: 2**15 by
         default when `dynamic`, required otherwise.
       dynamic_growth_steps: Finite steps in a row after which a dynamic
@@ -122,22 +146,44 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       name: The optimizer's name, as Keras 3's class takes it.
 
     Raises:
-      TypeError: If `dynamic` is not a bool, or as
-        `tf_loss_scale.keras.LossScaleOptimizer` does.
+      TypeError: If `dynamic` is not a bool, an argument is given twice or
+        there are too many, or as `tf_loss_scale.keras.LossScaleOptimizer`
+        does.
       ValueError: For `dynamic=False` without `initial_scale` or with
         `dynamic_growth_steps`, or as `tf_loss_scale.keras.
         LossScaleOptimizer` does.
     """
-    if _is_number(dynamic) and dynamic_growth_steps is None:
-      # Keras 3's positional arguments.
-      dynamic, initial_scale, dynamic_growth_steps = (
-          True, dynamic, initial_scale)
+    named = {'dynamic': dynamic, 'initial_scale': initial_scale,
+             'dynamic_growth_steps': dynamic_growth_steps}
+    order = ('initial_scale', 'dynamic_growth_steps')  # Keras 3's.
+    if args and not _is_number(args[0]):
+      order = ('dynamic',) + order  # TF 2.4-2.15's (a bool, or refused).
+    if len(args) > len(order):
+      raise TypeError(
+          f'LossScaleOptimizer() takes at most {len(order)} positional '
+          f'arguments after inner_optimizer here, but got {len(args)}: '
+          f'{args!r}. Pass them by name (dynamic=, initial_scale=, '
+          'dynamic_growth_steps=).')
+    for key, value in zip(order, args):
+      if named[key] not in (None, _UNSET):
+        raise TypeError(
+            f'LossScaleOptimizer() got multiple values for argument {key!r}: '
+            f'{value!r} by position and {named[key]!r} by name.')
+      named[key] = value
+    dynamic, initial_scale, dynamic_growth_steps = (
+        named['dynamic'], named['initial_scale'],
+        named['dynamic_growth_steps'])
+    # Set past Keras's attribute tracking, before anything reads the mode.
+    object.__setattr__(self, '_tf_keras_call', dynamic is not _UNSET)
+    if dynamic is _UNSET:
+      dynamic = True
     if not isinstance(dynamic, bool):
       raise TypeError(
           '"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, '
-          f'but got: {dynamic!r}. (The TF 2.0-2.3 form took a loss scale as '
-          'its second argument: use tf_loss_scale.keras.experimental.'
-          'LossScaleOptimizer for that.)')
+          f'but got: {dynamic!r}. (Keras 3\'s form takes the initial scale '
+          'as the second positional argument, or as initial_scale=; the TF '
+          '2.0-2.3 form took a loss scale there: use tf_loss_scale.keras.'
+          'experimental.LossScaleOptimizer for that.)')
     if not dynamic and initial_scale is None:
       raise ValueError('"initial_scale" must be specified if "dynamic" is '
                        'False: it is the fixed loss scale.')
@@ -245,9 +291,47 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       super().build(var_list)
     self._restore_left_for_inner()
 
+  # ---- whose behaviour (module docstring) ------------------------------
+
+  def _follows_tf_keras(self) -> bool:
+    """Whether TF 2.4-2.15's behaviour was asked for (module docstring)."""
+    return self.__dict__.get('_tf_keras_call', False)
+
+  def _called_tf_keras_method(self) -> None:
+    # From now on, tf_keras's behaviour (`_follows_tf_keras`).
+    object.__setattr__(self, '_tf_keras_call', True)
+
   def _scale_floor(self) -> Optional[float]:
-    # A fixed scale may be below 1, as TF 2.4-2.15's; a dynamic one not.
-    return super()._scale_floor() if self._dynamic else None
+    # tf_keras's dynamic scale stops at 1; Keras's, and a fixed scale (which
+    # may be below 1, as TF 2.4-2.15's), have no floor.
+    if self._dynamic and self._follows_tf_keras():
+      return super()._scale_floor()
+    return None
+
+  def get_scaled_loss(self, loss: Any) -> Any:
+    """Multiplies a loss (tensor or callable) by the current loss scale.
+
+    Raises:
+      RuntimeError: If `scale_loss` was called since the last apply.
+    """
+    self._called_tf_keras_method()
+    return super().get_scaled_loss(loss)
+
+  def get_unscaled_gradients(self, grads: Any) -> List[Any]:
+    """Divides gradients of a scaled loss by the current loss scale.
+
+    Args:
+      grads: A list of gradients; `None` entries and `tf.IndexedSlices` are
+        kept as they are (slices rescaled, still sparse).
+
+    Returns:
+      A new list of the same length, each gradient in its own dtype.
+
+    Raises:
+      RuntimeError: If `scale_loss` was called since the last apply.
+    """
+    self._called_tf_keras_method()
+    return super().get_unscaled_gradients(grads)
 
   dynamic = property(lambda self: self._dynamic,
                      doc='Whether the loss scale is dynamic.')
@@ -263,8 +347,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   @property
   def iterations(self) -> Any:
-    """The inner optimizer's step count, as in TF 2.4-2.15 (a tf.Variable)."""
-    return _tf(self.inner_optimizer.iterations)
+    """The inner optimizer's step count: Keras's variable, or tf_keras's.
+
+    A `keras.Variable`, as from Keras's class, until TF 2.4-2.15's behaviour
+    is asked for (module docstring); then its `tf.Variable`, as tf_keras's.
+    """
+    if self._follows_tf_keras():
+      return _tf(self.inner_optimizer.iterations)
+    return self.inner_optimizer.iterations
 
   @iterations.setter
   def iterations(self, variable: Any) -> None:
@@ -292,8 +382,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Applies the gradients if they are all finite; moves the scale.
 
     Call it in a replica context (inside `strategy.run`, or with no
-    strategy). The gradients are unscaled unless `scale_loss` was called
-    (`tf_loss_scale.keras.protocols`).
+    strategy). The gradients are taken as given unless `scale_loss` was
+    called for this step (`tf_loss_scale.keras.protocols`).
 
     TF 2.2+'s pattern "all-reduce, clip, then apply" passes
     `experimental_aggregate_gradients=False` (TF 2.4-2.10) or
@@ -326,7 +416,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     pairs = list(grads_and_vars)
     with contextlib.nullcontext() if name is None else tf.name_scope(name):
       self._apply([g for g, _ in pairs], [v for _, v in pairs],
-                  summed=skip_gradients_aggregation or not aggregate)
+                  summed=skip_gradients_aggregation or not aggregate,
+                  method=None)
     return self.iterations
 
   def compute_gradients(self, loss: Any, var_list: Any,

@@ -1,23 +1,24 @@
-"""Which gradients `apply_gradients` takes: one rule for two protocols.
+"""Which gradients an apply takes: decided by the method called.
 
-Keras 3's (`scale_loss`, then applies take gradients of the scaled loss) and
-TensorFlow's (`get_scaled_loss`, `get_unscaled_gradients`, then applies take
-unscaled ones). One optimizer may follow both over its life (a `fit` warm-up,
-then a custom loop of TF 2.4-2.15), one protocol per step:
+Keras 3's protocol (`scale_loss`, then an apply of the gradients of the
+scaled loss) and TensorFlow's (`get_scaled_loss`, `get_unscaled_gradients`,
+then `apply_gradients` of unscaled ones) on one optimizer, which may follow
+both over its life (a `fit` warm-up, then a TF 2.4-2.15 custom loop):
 
-- a step is what runs up to an apply; its scaling calls must all be of one
-  protocol, and a call of the other raises where it is called (the
-  gradients would be unscaled twice, or applied scaled);
-- an apply follows the protocol of the scaling calls made since the last
-  apply; with none, that of the last apply (two applies after one
-  `scale_loss` both unscale); with none ever, TensorFlow's;
-- an apply that follows TensorFlow's protocol without `get_scaled_loss` and
-  `get_unscaled_gradients` both called in its step (or ever) applies the
-  gradients as given and warns, naming the method forgotten, as TF
-  2.4-2.15's class warned.
+- `apply` and `stateless_apply` take gradients of the scaled loss, always
+  (TF 2.4-2.15's class had neither) where the subclass says so;
+- `apply_gradients` takes gradients of the scaled loss when `scale_loss`
+  was called for its step (since the last apply, as `fit` calls it), and
+  takes them as given otherwise;
+- a step's scaling calls must all be of one protocol: a call of the other
+  raises where it is called (the gradients would be unscaled twice);
+- an apply that takes gradients as given warns, naming the method
+  forgotten, when `get_scaled_loss` or `get_unscaled_gradients` was never
+  called on the optimizer (nor `scale_loss`), as tf_keras's class warned.
 
-The choice is made in Python when the step is called or traced, the same on
-every replica. See docs/differences.md.
+Nothing of an earlier step decides: the choice is made in Python when the
+apply is called or traced, the same on every replica. See
+docs/differences.md.
 """
 
 from typing import Any, List, Optional, Sequence
@@ -31,12 +32,14 @@ _TENSORFLOW = 'get_scaled_loss/get_unscaled_gradients'
 
 
 def scaled_flags(grads: Sequence[Any],
-                 variables: Optional[Sequence[Any]]) -> List[bool]:
+                 variables: Optional[Sequence[Any]],
+                 method: str = 'apply') -> List[bool]:
   """Marks the gradients of a scaled loss, for `step.apply_step`'s `scaled`.
 
   Args:
     grads: One gradient per variable.
     variables: The variables, or None to mark every gradient.
+    method: The apply's name, for the message.
 
   Returns:
     One bool per gradient: False for variables Keras overwrites with their
@@ -49,8 +52,8 @@ def scaled_flags(grads: Sequence[Any],
     return [True] * len(grads)
   if len(grads) != len(variables):
     raise ValueError(
-        f'apply() got {len(grads)} gradients for {len(variables)} variables: '
-        'pass one gradient per trainable variable.')
+        f'{method}() got {len(grads)} gradients for {len(variables)} '
+        'variables: pass one gradient per trainable variable.')
   return [not getattr(v, 'overwrite_with_gradient', False) for v in variables]
 
 
@@ -59,14 +62,14 @@ class TwoProtocols:
 
   A subclass gives `_current_scale()` (the loss scale now, a float32
   scalar tensor; the Keras 3 form has one) and, once per apply, passes
-  `_scaled_flags(grads, variables)` to `step.apply_step` as `scaled`.
+  `_scaled_flags(grads, variables, ...)` to `step.apply_step` as `scaled`.
   """
 
   # Set on the instance: the protocol of the scaling calls since the last
-  # apply and those calls' methods, and the protocol the last apply followed.
+  # apply and those calls' methods; every scaling method ever called.
   _this_step = None
   _this_step_calls = frozenset()
-  _last_step = None
+  _ever_called = frozenset()
 
   def _follow(self, protocol: str, method: str) -> None:
     if self._this_step not in (None, protocol):
@@ -79,6 +82,7 @@ class TwoProtocols:
           'of one protocol between two applies.')
     self._this_step = protocol
     self._this_step_calls |= {method}
+    self._ever_called |= {method}
 
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
     """Multiplies a loss by the scale; the next apply takes its gradients.
@@ -118,27 +122,43 @@ class TwoProtocols:
     return list(gradients.unscale(list(grads), self._current_scale()))
 
   def _scaled_flags(self, grads: Sequence[Any],
-                    variables: Optional[Sequence[Any]]
-                   ) -> Optional[List[bool]]:
+                    variables: Optional[Sequence[Any]],
+                    method: Optional[str] = None) -> Optional[List[bool]]:
     """`step.apply_step`'s `scaled` for one apply, which ends the step.
 
     Args:
       grads: The gradients the apply was given.
       variables: Their variables, or None to mark every gradient.
+      method: The name of a method that takes gradients of the scaled loss
+        whatever the step called (`apply`, `stateless_apply`), or None for
+        one that follows the step's scaling calls (`apply_gradients`).
 
     Returns:
       The flags of `scaled_flags` when the apply takes gradients of the
-      scaled loss; None when it takes unscaled ones.
+      scaled loss; None when it takes them as given.
+
+    Raises:
+      RuntimeError: If `method` is given and `get_unscaled_gradients` was
+        called in the step (the gradients would be unscaled twice).
     """
-    protocol = self._this_step or self._last_step or _TENSORFLOW
-    if self._this_step or not self._last_step:
-      forgotten = [m for m in ('get_scaled_loss', 'get_unscaled_gradients')
-                   if m not in self._this_step_calls]
-      if protocol == _TENSORFLOW and forgotten:
-        _warn_forgotten(type(self).__name__, forgotten)
+    step_calls = self._this_step_calls
     self._this_step, self._this_step_calls = None, frozenset()
-    self._last_step = protocol
-    return scaled_flags(grads, variables) if protocol == _KERAS3 else None
+    if method is not None:
+      if 'get_unscaled_gradients' in step_calls:
+        raise RuntimeError(
+            f'{type(self).__name__}.{method}() takes gradients of the scaled '
+            'loss and unscales them, but get_unscaled_gradients() was called '
+            'since the last apply: pass the unscaled gradients to '
+            'apply_gradients() instead.')
+      return scaled_flags(grads, variables, method)
+    if 'scale_loss' in step_calls:
+      return scaled_flags(grads, variables, 'apply_gradients')
+    if 'scale_loss' not in self._ever_called:
+      forgotten = [m for m in ('get_scaled_loss', 'get_unscaled_gradients')
+                   if m not in self._ever_called]
+      if forgotten:
+        _warn_forgotten(type(self).__name__, forgotten)
+    return None
 
 
 def _warn_forgotten(class_name: str, methods: Sequence[str]) -> None:

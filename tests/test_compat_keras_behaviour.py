@@ -1,0 +1,106 @@
+"""Keras 3 programs see Keras's `LossScaleOptimizer` under `install()`.
+
+On Keras 3, `compat.install()` puts TF 2.4-2.15's class under
+`keras.mixed_precision.LossScaleOptimizer` and into what `compile` makes
+under `mixed_float16`. A program that calls none of TF 2.4-2.15's methods
+must get what Keras's class gives it. One fresh process runs each program
+before `install()` (Keras's class) and after (this library's), since
+`install()` changes process-wide names.
+"""
+
+import pytest
+
+import fresh_process
+import versions
+
+versions.KERAS_3.require()
+
+_PROGRAMS = r'''
+import json
+import keras
+import numpy as np
+import tensorflow as tf
+import tf_loss_scale.compat
+
+
+def caller_scaled():
+  # Keras's own pattern: the caller scales the loss, `apply` unscales.
+  opt = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+  var = keras.Variable([1.0, 2.0, 3.0, 4.0])
+  opt.apply([tf.constant([np.inf, 0.0, 0.0, 0.0])], [var])
+  after_skip = int(opt.iterations.numpy())
+  scale = tf.convert_to_tensor(opt.dynamic_scale)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(var * [0.5, 3.0, 3.5, 1.0]) * scale
+  opt.apply(tape.gradient(loss, [var]), [var])
+  return {'class': type(opt).__module__, 'weights': var.numpy().tolist(),
+          'iterations': [after_skip, int(opt.iterations.numpy())],
+          'keras_variable': isinstance(opt.iterations, keras.Variable)}
+
+
+def overflowing_fit():
+  # float16 gradients 2 * 49152 * scale: inf down to a scale of 1.
+  keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    model = keras.Sequential([
+        keras.Input((1,)),
+        keras.layers.Dense(1, use_bias=False,
+                           kernel_initializer=keras.initializers.Constant(
+                               1e-3))])
+    model.compile(keras.optimizers.SGD(1e-6), loss=lambda y, p: 2.0 * p)
+    model.fit(np.full((1, 1), 49152, np.float32), np.zeros((1, 1), np.float32),
+              epochs=20, verbose=0)
+  finally:
+    keras.mixed_precision.set_global_policy('float32')
+  opt = model.optimizer
+  return {'class': type(opt).__module__,
+          'kernel': float(model.get_weights()[0][0, 0]),
+          'scale': float(opt.dynamic_scale.numpy()),
+          'iterations': int(opt.iterations.numpy())}
+
+
+runs = {}
+for installed in (False, True):
+  if installed:
+    tf_loss_scale.compat.install()
+  runs[str(installed)] = {'caller_scaled': caller_scaled(),
+                          'overflowing_fit': overflowing_fit()}
+print(json.dumps(runs))
+'''
+
+
+@pytest.fixture(scope='module')
+def runs():
+  result = fresh_process.run_json(['-c', _PROGRAMS])
+  return result['False'], result['True']
+
+
+def _without_class(run):
+  return {k: v for k, v in run.items() if k != 'class'}
+
+
+def test_the_programs_run_this_library_after_install(runs):
+  keras_class, ours = runs
+  for program in ('caller_scaled', 'overflowing_fit'):
+    assert keras_class[program]['class'].startswith('keras.')
+    assert ours[program]['class'].startswith('tf_loss_scale.')
+
+
+def test_apply_of_a_loss_the_caller_scaled_as_keras_class(runs):
+  keras_class, ours = runs
+  expected = {'weights': [0.5, -1.0, -0.5, 3.0], 'iterations': [0, 1],
+              'keras_variable': True}
+  assert _without_class(keras_class['caller_scaled']) == expected
+  assert _without_class(ours['caller_scaled']) == expected
+
+
+def test_fit_past_a_scale_of_one_trains_as_keras_class(runs):
+  keras_class, ours = runs
+  # 16 steps skipped (2**15 down to 0.5), then 4 applied, each moving the
+  # kernel by 1e-6 * 98304 (SGD's float32 arithmetic: within 1e-6).
+  for run in (keras_class, ours):
+    fit = run['overflowing_fit']
+    assert (fit['scale'], fit['iterations']) == (0.5, 4)
+    assert fit['kernel'] == pytest.approx(1e-3 - 4 * 0.098304, abs=1e-6)
+  assert _without_class(ours['overflowing_fit']) == _without_class(
+      keras_class['overflowing_fit'])
