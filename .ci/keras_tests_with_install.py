@@ -12,7 +12,7 @@ differs, and exits 1 if, in either run of a group:
   - pytest exits other than 0 (a test failed or errored, or pytest stopped),
     unless every failing test is one of _KNOWN_FAILURES for that run;
   - a test fails (or errors) only with install(), or a test of
-    _KNOWN_FAILURES no longer fails (its entry must go).
+    _KNOWN_FAILURES runs and no longer fails (its entry must go).
 
   keras     Keras's own test files, run in place from the installed Keras
             wheel (site-packages/keras/src/...), with KERAS_BACKEND=
@@ -81,7 +81,16 @@ class Group:
 
 # (group, run) -> tests known to fail in that run, each with why. A test
 # listed here that passes fails the step: the entry must go.
-_KNOWN_FAILURES: Dict[Tuple[str, str], Dict[str, str]] = {}
+_MISSING_FIXTURE = {
+    'keras.src.saving.saving_lib_test.SavingBattleTest::'
+    'test_legacy_load_skips_missing_nested_containers':
+        'the wheel lacks its data file (Keras 3.15: keras/src/saving/'
+        'test_data/pre_pr22362_nested_container.keras)',
+}
+_KNOWN_FAILURES: Dict[Tuple[str, str], Dict[str, str]] = {
+    ('keras', 'plain'): _MISSING_FIXTURE,
+    ('keras', 'install'): _MISSING_FIXTURE,
+}
 
 
 def _keras_directory() -> str:
@@ -210,9 +219,10 @@ def _problems(group: str, run: Outcome) -> List[str]:
   failing = {t for t, o in run.tests.items() if o in ('failed', 'error')}
   unknown = sorted(failing - set(known))
   problems += [f'{run.label}: {test} {run.tests[test]}' for test in unknown]
+  # (One another Keras lacks is no problem.)
   problems += [f'{run.label}: {test} is listed as known to fail ({why}) but '
-               f'{run.tests.get(test, "was not run")}'
-               for test, why in sorted(known.items()) if test not in failing]
+               f'{run.tests[test]}' for test, why in sorted(known.items())
+               if test in run.tests and test not in failing]
   if run.returncode not in (0, 1) or (run.returncode == 1 and not failing):
     # 1 with every failure accounted for above; anything else (2 stopped,
     # 3 internal error, 4 usage, 5 nothing collected) fails as it is.
