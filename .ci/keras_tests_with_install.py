@@ -1,19 +1,27 @@
 """Runs test files twice, plainly and with `compat.install()` active.
 
-`python keras_tests_with_install.py LOGS_DIR` (the Python of the
-environment under test) runs each group below twice with pytest, the second
+`python keras_tests_with_install.py LOGS_DIR [GROUP...]` (the Python of
+the environment under test) runs each group below (or those named) twice with pytest, the second
 time with .ci/install_compat_plugin.py loaded (`install(override=True)` at
 configure time), and compares the outcomes test by test. It prints, per
-group, both runs' counts and every test whose outcome differs, and exits 1
-if any test fails (or errors) only with install(), or if a run collected
-nothing.
+group, both runs' counts, pytest's exit status and every test whose outcome
+differs, and exits 1 if, in either run of a group:
+  - a test file fails to import or collect (pytest reports a collection
+    error; the other run failing alike does not excuse it);
+  - no test ran (every test skipped, or none collected);
+  - pytest exits other than 0 (a test failed or errored, or pytest stopped),
+    unless every failing test is one of _KNOWN_FAILURES for that run;
+  - a test fails (or errors) only with install(), or a test of
+    _KNOWN_FAILURES runs and no longer fails (its entry must go).
 
   keras     Keras's own test files, run in place from the installed Keras
             wheel (site-packages/keras/src/...), with KERAS_BACKEND=
-            tensorflow: saving, compile, models, dtype policies, optimizer
-            and the model checkpoint callback. The checkout's pytest.ini
-            and tests/conftest.py do not apply (a blank ini, confcutdir at
-            the Keras package); the wheel ships no conftest of its own.
+            tensorflow: saving, compile, models, dtype policies, optimizers,
+            Keras's LossScaleOptimizer (compiled in by the EMA callback's
+            tests), the model checkpoint and backup callbacks. The
+            checkout's pytest.ini and tests/conftest.py do not apply (a
+            blank ini, confcutdir at the Keras package); the wheel ships no
+            conftest of its own.
   tf_keras  This library's tests of compile, fit and saving under tf_keras
             (TF_USE_LEGACY_KERAS=1), with the checkout's pytest setup.
 
@@ -29,7 +37,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CI = os.path.join(_CHECKOUT, '.ci')
@@ -45,6 +53,15 @@ _KERAS_FILES = (
     'src/dtype_policies/*_test.py',
     'src/optimizers/optimizer_test.py',
     'src/callbacks/model_checkpoint_test.py',
+    'src/callbacks/backup_and_restore_test.py',
+    'src/callbacks/swap_ema_weights_test.py',
+    'src/optimizers/loss_scale_optimizer_test.py',
+    'src/optimizers/adam_test.py',
+    'src/optimizers/lion_test.py',
+    # Not trainers/trainer_test.py, whose tests compile under mixed_float16:
+    # it imports jax, which the environment lacks. tests/test_file_matrix.py
+    # (the README's suite) compiles and fits under it with and without
+    # install().
 )
 _TF_KERAS_FILES = (
     'tests/test_keras_experimental.py',
@@ -60,6 +77,20 @@ class Group:
   args: List[str]
   env: Dict[str, str]
   cwd: str
+
+
+# (group, run) -> tests known to fail in that run, each with why. A test
+# listed here that passes fails the step: the entry must go.
+_MISSING_FIXTURE = {
+    'keras.src.saving.saving_lib_test.SavingBattleTest::'
+    'test_legacy_load_skips_missing_nested_containers':
+        'the wheel lacks its data file (Keras 3.15: keras/src/saving/'
+        'test_data/pre_pr22362_nested_container.keras)',
+}
+_KNOWN_FAILURES: Dict[Tuple[str, str], Dict[str, str]] = {
+    ('keras', 'plain'): _MISSING_FIXTURE,
+    ('keras', 'install'): _MISSING_FIXTURE,
+}
 
 
 def _keras_directory() -> str:
@@ -105,20 +136,35 @@ def _groups(scratch: str) -> List[Group]:
   return [keras, tf_keras]
 
 
-def _outcomes(junit: str) -> Dict[str, str]:
-  """Test id -> passed, failed, error or skipped, from a JUnit XML report."""
-  outcomes = {}
+@dataclasses.dataclass
+class Outcome:
+  """One pytest run: each test's outcome, and what went wrong around them."""
+  label: str
+  tests: Dict[str, str]  # id -> passed, failed, error or skipped
+  collection_errors: List[str]
+  returncode: int
+
+
+def _outcomes(junit: str) -> Tuple[Dict[str, str], List[str]]:
+  """Test outcomes and files that failed to collect, from a JUnit report."""
+  outcomes, collection_errors = {}, []
   for case in ElementTree.parse(junit).getroot().iter('testcase'):
     test = f'{case.get("classname")}::{case.get("name")}'
     outcome = 'passed'
     for child in case:
       if child.tag in ('failure', 'error', 'skipped'):
         outcome = {'failure': 'failed'}.get(child.tag, child.tag)
+        if child.tag == 'error' and 'collection failure' in (
+            child.get('message') or ''):
+          # pytest's entry for a module that did not import or collect.
+          collection_errors.append(case.get('name') or test)
+          outcome = 'uncollected'
         break
     # A test that fails in its teardown is reported twice.
     if outcomes.get(test, 'passed') == 'passed':
       outcomes[test] = outcome
-  return outcomes
+  outcomes = {t: o for t, o in outcomes.items() if o != 'uncollected'}
+  return outcomes, collection_errors
 
 
 def _read(path: str) -> str:
@@ -128,9 +174,11 @@ def _read(path: str) -> str:
     return f.read()
 
 
-def _run(group: Group, install: bool, logs: str) -> Dict[str, str]:
+def _run(group: Group, install: bool, logs: str) -> Outcome:
   label = f'{group.name}-{"install" if install else "plain"}'
   junit = os.path.join(logs, f'keras-tests-{label}.xml')
+  if os.path.exists(junit):
+    os.remove(junit)
   args = [sys.executable, '-m', 'pytest', *group.args,
           f'--junitxml={junit}']
   env = dict(group.env)
@@ -145,44 +193,78 @@ def _run(group: Group, install: bool, logs: str) -> Dict[str, str]:
     done = subprocess.run(args, env=env, cwd=group.cwd, stdout=log,
                           stderr=subprocess.STDOUT, check=False)
   seconds = time.monotonic() - start
+  outcome = Outcome(label, {}, [], done.returncode)
   if install and not _read(marker).startswith('True'):
     print(f'{label}: the plugin did not report install() in effect')
-    return {}
-  outcomes = _outcomes(junit) if os.path.exists(junit) else {}
+    outcome.returncode = outcome.returncode or 1
+    return outcome
+  if os.path.exists(junit):
+    outcome.tests, outcome.collection_errors = _outcomes(junit)
   counts = {}
-  for outcome in outcomes.values():
-    counts[outcome] = counts.get(outcome, 0) + 1
+  for result in outcome.tests.values():
+    counts[result] = counts.get(result, 0) + 1
   shown = ', '.join(f'{n} {o}' for o, n in sorted(counts.items()))
   print(f'{label:<18}{shown or "no tests"} (pytest exit {done.returncode}, '
         f'{seconds:.0f} s)', flush=True)
-  return outcomes
+  return outcome
 
 
-def main(logs: str) -> int:
+def _problems(group: str, run: Outcome) -> List[str]:
+  """What makes one run fail the step, whatever the other run did."""
+  problems = [f'{run.label}: {name} failed to import or collect'
+              for name in run.collection_errors]
+  if not any(o in ('passed', 'failed', 'error') for o in run.tests.values()):
+    problems.append(f'{run.label}: no test ran')
+  known = _KNOWN_FAILURES.get((group, run.label.rpartition('-')[2]), {})
+  failing = {t for t, o in run.tests.items() if o in ('failed', 'error')}
+  unknown = sorted(failing - set(known))
+  problems += [f'{run.label}: {test} {run.tests[test]}' for test in unknown]
+  # (One another Keras lacks is no problem.)
+  problems += [f'{run.label}: {test} is listed as known to fail ({why}) but '
+               f'{run.tests[test]}' for test, why in sorted(known.items())
+               if test in run.tests and test not in failing]
+  if run.returncode not in (0, 1) or (run.returncode == 1 and not failing):
+    # 1 with every failure accounted for above; anything else (2 stopped,
+    # 3 internal error, 4 usage, 5 nothing collected) fails as it is.
+    problems.append(f'{run.label}: pytest exited {run.returncode}')
+  elif run.returncode == 0 and failing:
+    problems.append(f'{run.label}: pytest exited 0 with failing tests')
+  return problems
+
+
+def main(logs: str, *names: str) -> int:
   os.makedirs(logs, exist_ok=True)
   status = 0
   with tempfile.TemporaryDirectory() as scratch:
-    for group in _groups(scratch):
+    groups = _groups(scratch)
+    unknown = set(names) - {group.name for group in groups}
+    if unknown:
+      raise SystemExit(f'no such group: {sorted(unknown)}')
+    for group in groups:
+      if names and group.name not in names:
+        continue
       plain = _run(group, install=False, logs=logs)
       installed = _run(group, install=True, logs=logs)
-      if not plain or not installed:
-        print(f'{group.name}: a run collected no tests')
-        status = 1
       bad = ('failed', 'error')
       differing = sorted(
-          (test, plain.get(test, 'absent'), installed.get(test, 'absent'))
-          for test in set(plain) | set(installed)
-          if plain.get(test) != installed.get(test))
+          (test, plain.tests.get(test, 'absent'),
+           installed.tests.get(test, 'absent'))
+          for test in set(plain.tests) | set(installed.tests)
+          if plain.tests.get(test) != installed.tests.get(test))
       for test, without, with_install in differing:
         print(f'  {test}: {without} plainly, {with_install} with install()')
+      problems = _problems(group.name, plain) + _problems(group.name,
+                                                          installed)
       only_with_install = [t for t, without, with_install in differing
                            if with_install in bad and without not in bad]
       if only_with_install:
-        print(f'{group.name}: {len(only_with_install)} test(s) fail only '
-              'with install()')
-        status = 1
+        problems.append(f'{group.name}: {len(only_with_install)} test(s) '
+                        'fail only with install()')
+      for problem in problems:
+        print(f'FAILED {problem}')
+      status = status or int(bool(problems))
   return status
 
 
 if __name__ == '__main__':
-  sys.exit(main(sys.argv[1]))
+  sys.exit(main(*sys.argv[1:]))
