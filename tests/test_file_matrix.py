@@ -139,17 +139,10 @@ def _known_failure(kind: str, case: str, written: bool,
   mixed = case.endswith('mixed_float16')
   if not mixed or written == read:
     return None
-  if kind in ('checkpoint', 'checkpoint_manager'):
-    if written:
-      return ('written in tf_keras\'s layout under install(), read by '
-              "Keras's class: iterations 0, slots zero, the loss scale at "
-              'its start')
-    return ("Keras's layout read under install(): the inner optimizer's "
-            'learning rate 0 (or its schedule restarted), iterations 0, '
-            'slots zero')
   if kind == 'h5' and written:
-    return ("the .h5 config written under install() lacks the wrapper's "
-            "'name': Keras's loader raises KeyError 'name'")
+    return ("the .h5 file written under install() names the class as the "
+            'library registers it, which Keras cannot locate without the '
+            'library')
   return None
 
 
