@@ -297,9 +297,12 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Whether TF 2.4-2.15's behaviour was asked for (module docstring)."""
     return self.__dict__.get('_tf_keras_call', False)
 
-  def _called_tf_keras_method(self) -> None:
-    # From now on, tf_keras's behaviour (`_follows_tf_keras`).
-    object.__setattr__(self, '_tf_keras_call', True)
+  def _follow(self, protocol: str, method: str) -> None:
+    super()._follow(protocol, method)
+    if method != 'scale_loss':
+      # `get_scaled_loss` or `get_unscaled_gradients` (`compute_gradients`
+      # and `minimize` call the first): tf_keras's behaviour from now on.
+      object.__setattr__(self, '_tf_keras_call', True)
 
   def _scale_floor(self) -> Optional[float]:
     # tf_keras's dynamic scale stops at 1; Keras's, and a fixed scale (which
@@ -307,31 +310,6 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if self._dynamic and self._follows_tf_keras():
       return super()._scale_floor()
     return None
-
-  def get_scaled_loss(self, loss: Any) -> Any:
-    """Multiplies a loss (tensor or callable) by the current loss scale.
-
-    Raises:
-      RuntimeError: If `scale_loss` was called since the last apply.
-    """
-    self._called_tf_keras_method()
-    return super().get_scaled_loss(loss)
-
-  def get_unscaled_gradients(self, grads: Any) -> List[Any]:
-    """Divides gradients of a scaled loss by the current loss scale.
-
-    Args:
-      grads: A list of gradients; `None` entries and `tf.IndexedSlices` are
-        kept as they are (slices rescaled, still sparse).
-
-    Returns:
-      A new list of the same length, each gradient in its own dtype.
-
-    Raises:
-      RuntimeError: If `scale_loss` was called since the last apply.
-    """
-    self._called_tf_keras_method()
-    return super().get_unscaled_gradients(grads)
 
   dynamic = property(lambda self: self._dynamic,
                      doc='Whether the loss scale is dynamic.')
