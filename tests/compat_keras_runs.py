@@ -44,8 +44,11 @@ def _name(obj: Any) -> str:
 def _state(model: Any) -> Dict[str, Any]:
   """The weights and the optimizer's state, as exact floats."""
   opt = model.optimizer
+  # The list Keras reads (tf_keras's and the library's can also be called,
+  # returning TF 2.x's narrower list); a method on Keras 2's legacy
+  # optimizers.
   variables = opt.variables
-  variables = variables() if callable(variables) else variables
+  variables = variables if isinstance(variables, list) else variables()
   scale = getattr(opt, 'dynamic_scale', None)
   if scale is None:
     scale = opt.loss_scale  # tf_keras's class.

@@ -228,8 +228,11 @@ def test_isinstance_train_step_trains_after_install_as_tf_keras_class_does():
   # tf_keras (TF_USE_LEGACY_KERAS=1), without install(), where compile made
   # tf_keras's own class.
   program = os.path.join(_LEGACY, 'tf24_train_step_isinstance.py')
-  keras3 = fresh_process.run_json(
-      [os.path.join(_LEGACY, 'run_program.py'), program])
+  # The runner prints the program's JSON line, then its own (the classes
+  # made).
+  run = fresh_process.run([os.path.join(_LEGACY, 'run_program.py'), program])
+  assert run.returncode == 0, run.stderr[-4000:]
+  keras3 = json.loads(run.stdout.strip().splitlines()[-2])
   tf_keras = fresh_process.run_json([program], legacy_keras=True)
   assert (keras3.pop('optimizer_class'), tf_keras.pop('optimizer_class')) == (
       'tf_loss_scale.keras.mixed_precision.LossScaleOptimizer',

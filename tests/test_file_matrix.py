@@ -137,13 +137,18 @@ def test_keras_reads_back_what_it_wrote_without_install(matrix, kind, case):
 def _known_failure(kind: str, case: str, written: bool,
                    read: bool) -> Optional[str]:
   mixed = case.endswith('mixed_float16')
-  if not mixed or written == read:
+  if not (mixed and kind == 'h5' and written):
     return None
-  if kind == 'h5' and written:
+  if not read:
     return ("the .h5 file written under install() names the class as the "
             'library registers it, which Keras cannot locate without the '
             'library')
-  return None
+  # Read under install() again, the file loads as the library's class, which
+  # restores the count and slots that Keras's class loses from .h5 files (and
+  # then cannot step: Keras's bug, pinned above): not what the run that
+  # never installed does, until the file names Keras's class.
+  return ('the .h5 file written under install() loads as the library\'s '
+          "class, which keeps the optimizer state Keras's class loses")
 
 
 def _params() -> List[Any]:
