@@ -175,18 +175,38 @@ def _without_object_ids(config):
   return config
 
 
+def _h5_contents(h5):
+  """Every array and attribute of an open HDF5 file, by its path there."""
+  contents = {}
+
+  def visit(name, item):
+    for key, value in item.attrs.items():
+      value = value.decode() if isinstance(value, bytes) else value
+      contents[f'{name}@{key}'] = (value.tolist() if hasattr(value, 'tolist')
+                                   else value)
+    if isinstance(item, h5py.Dataset):
+      contents[name] = item[()].tolist()
+
+  visit('', h5)
+  h5.visititems(visit)
+  return contents
+
+
 def _keras_file(path):
   """What a .keras file holds: its config, its metadata but the time it was
   saved, and every array of its weights file by its path there."""
+  if h5py.is_hdf5(path):
+    # Keras 2.12 writes a .keras path as an HDF5 file: config, training
+    # config and weights as its attributes and arrays.
+    with h5py.File(path, 'r') as h5:
+      return {'config': {}, 'metadata': {}, 'arrays': _h5_contents(h5)}
   with zipfile.ZipFile(path) as archive:
     config = _without_object_ids(json.loads(archive.read('config.json')))
     metadata = json.loads(archive.read('metadata.json'))
     weights = archive.read('model.weights.h5')
   metadata.pop('date_saved', None)
-  arrays = {}
   with h5py.File(io.BytesIO(weights), 'r') as h5:
-    h5.visititems(lambda name, item: arrays.__setitem__(
-        name, item[()].tolist()) if isinstance(item, h5py.Dataset) else None)
+    arrays = _h5_contents(h5)
   return {'config': config, 'metadata': metadata, 'arrays': arrays}
 
 
