@@ -18,10 +18,13 @@ import tensorflow as tf
 
 import tf_loss_scale
 from tf_loss_scale.keras import experimental
-from tf_loss_scale.keras import mixed_precision
+import versions
 
-pytestmark = pytest.mark.skipif(
-    not keras.__version__.startswith('3'), reason='Keras 3 forms')
+versions.KERAS_3.require()
+
+# pylint: disable=g-import-not-at-top,wrong-import-order
+from tf_loss_scale.keras import mixed_precision  # Refuses Keras 2.
+# pylint: enable=g-import-not-at-top,wrong-import-order
 
 
 def _experimental():
