@@ -151,6 +151,7 @@ def _fit_loop_fit(api, make_opt):
   return record
 
 
+@versions.KERAS_3_12.mark
 def test_one_optimizer_serves_fit_then_a_custom_loop_then_fit_as_tf_keras():
   ours = _fit_loop_fit(keras, lambda: mixed_precision.LossScaleOptimizer(
       keras.optimizers.SGD(0.1), initial_scale=4, dynamic_growth_steps=2))
@@ -303,6 +304,7 @@ def _stateless_apply(opt, grads, var):
     variable.assign(value)
 
 
+@versions.KERAS_3_12.mark
 @pytest.mark.parametrize('apply', [_apply, _stateless_apply])
 def test_apply_takes_gradients_of_the_scaled_loss_as_keras_class(apply):
   ours = _caller_scaled_steps(
@@ -397,6 +399,7 @@ def test_positional_arguments_are_keras_3s_for_a_number_tf24s_for_a_bool():
                                        initial_scale=8)
 
 
+@versions.KERAS_3_12.mark
 def test_iterations_is_a_keras_variable_until_a_tf24_method_is_called():
   ours = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD())
   keras_class = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())

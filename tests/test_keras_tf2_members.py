@@ -20,7 +20,7 @@ import tf_loss_scale
 from tf_loss_scale.keras import experimental
 import versions
 
-versions.KERAS_3.require()
+versions.KERAS_3_12.require()
 
 # pylint: disable=g-import-not-at-top,wrong-import-order
 from tf_loss_scale.keras import mixed_precision  # Refuses Keras 2.
