@@ -86,6 +86,7 @@ def test_the_programs_run_this_library_after_install(runs):
     assert ours[program]['class'].startswith('tf_loss_scale.')
 
 
+@versions.KERAS_3_12.mark
 def test_apply_of_a_loss_the_caller_scaled_as_keras_class(runs):
   keras_class, ours = runs
   expected = {'weights': [0.5, -1.0, -0.5, 3.0], 'iterations': [0, 1],
@@ -94,6 +95,7 @@ def test_apply_of_a_loss_the_caller_scaled_as_keras_class(runs):
   assert _without_class(ours['caller_scaled']) == expected
 
 
+@versions.KERAS_3_12.mark
 def test_fit_past_a_scale_of_one_trains_as_keras_class(runs):
   keras_class, ours = runs
   # 16 steps skipped (2**15 down to 0.5), then 4 applied, each moving the
