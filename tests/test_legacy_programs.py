@@ -72,6 +72,9 @@ _NEEDS = {
     'Keras 2, or Keras 3.12 or later': versions.Condition(
         bool(not versions.KERAS_3 or versions.KERAS_TF_KERAS_CHECKPOINTS),
         versions.KERAS_TF_KERAS_CHECKPOINTS.reason),
+    'Keras 2, or Keras 3.12 or later for TF 2.x members': versions.Condition(
+        bool(not versions.KERAS_3 or versions.KERAS_3_12),
+        versions.KERAS_3_12.reason),
     # Seen on 2.12.1; 2.15 restores it.
     'a .keras loader that restores a LossScaleOptimizer': versions.Condition(
         versions.TF >= (2, 13),
