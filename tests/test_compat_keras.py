@@ -320,3 +320,40 @@ def test_compile_made_keras_wrapper_is_replaced_only_while_installed():
       'no scaling asked, none added': True,
       'recompiled around the same inner': [True, True, True],
       'Keras made after uninstall': True}
+
+
+_TF_KERAS_V3_CONFIG = '''
+import json, tensorflow as tf, tf_keras, tf_loss_scale.compat as compat
+config = tf_keras.optimizers.serialize(tf_keras.mixed_precision.
+    LossScaleOptimizer(tf_keras.optimizers.Adam(0.5), initial_scale=64.0,
+                       dynamic_growth_steps=7))
+
+def read():
+  opt = tf.keras.optimizers.deserialize(json.loads(json.dumps(config)))
+  if isinstance(opt, str):
+    return opt
+  return [type(opt).__module__, float(opt.initial_scale),
+          opt.dynamic_growth_steps, type(opt.inner_optimizer).__name__,
+          float(opt.inner_optimizer.learning_rate.numpy())]
+
+result = {'class_name': config['class_name'], 'before': read()}
+compat.install()
+result['installed'] = read()
+compat.uninstall()
+result['after uninstall'] = read()
+print(json.dumps(result))
+'''
+
+
+@(versions.TF_KERAS_IS_KERAS_3 & versions.TF_KERAS_INSTALLED).mark
+def test_tf_keras_loss_scale_optimizer_config_deserializes_while_installed():
+  result = fresh_process.run_json(['-c', _TF_KERAS_V3_CONFIG])
+  # Keras's deserializer does not know tf_keras's class name: it hands the
+  # name back as a string (Keras's behaviour, pinned) unless install() maps
+  # the name to TF 2.4-2.15's class.
+  assert result == {
+      'class_name': 'LossScaleOptimizerV3',
+      'before': 'LossScaleOptimizerV3',
+      'installed': ['tf_loss_scale.keras.mixed_precision', 64.0, 7, 'Adam',
+                    0.5],
+      'after uninstall': 'LossScaleOptimizerV3'}

@@ -26,7 +26,8 @@ import tensorflow as tf
 import tf_loss_scale
 
 _MISSING = object()
-# What install() changed, in order: (namespace, attribute, previous value).
+# What install() changed, in order: (namespace or registry dict, attribute
+# or key, previous value).
 _installed: List[Tuple[Any, str, Any]] = []
 # sys.modules entries install() added, with what they replaced.
 _installed_modules: Dict[str, Any] = {}
@@ -85,6 +86,11 @@ def install(override: bool = False) -> None:
       if hasattr(getattr(namespace, 'LossScaleOptimizer', None),
                  'stateless_apply'):
         _replace(namespace, 'LossScaleOptimizer', tf24.LossScaleOptimizer)
+    # tf_keras's configs name its Keras 3-era class `LossScaleOptimizerV3`,
+    # which Keras's deserializers do not know: they read it as this class.
+    saving = importlib.import_module('keras.saving')
+    _replace_item(saving.get_custom_objects(), 'LossScaleOptimizerV3',
+                  tf24.LossScaleOptimizer)
 
   loss_scales = {name: getattr(tf_loss_scale, name) for name in _LOSS_SCALE_NAMES}
   rewrite = {name: getattr(graph_rewrite, name) for name in (
@@ -112,7 +118,12 @@ def uninstall() -> None:
   """Undoes `install()`, restoring every name it changed; safe to repeat."""
   while _installed:
     namespace, name, previous = _installed.pop()
-    if previous is _MISSING:
+    if isinstance(namespace, dict):
+      if previous is _MISSING:
+        namespace.pop(name, None)
+      else:
+        namespace[name] = previous
+    elif previous is _MISSING:
       delattr(namespace, name)
     else:
       setattr(namespace, name, previous)
@@ -183,3 +194,9 @@ def _replace(namespace: Any, name: str, value: Any) -> None:
               else getattr(namespace, name, _MISSING))
   _installed.append((namespace, name, previous))
   setattr(namespace, name, value)
+
+
+def _replace_item(mapping: Dict[str, Any], key: str, value: Any) -> None:
+  # As `_replace`, for an entry of a registry dict.
+  _installed.append((mapping, key, mapping.get(key, _MISSING)))
+  mapping[key] = value
