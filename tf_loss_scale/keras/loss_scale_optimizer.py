@@ -342,14 +342,19 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   def _scaled_flags(self, grads: Sequence[Any],
                     variables: Optional[Sequence[Any]],
                     method: Optional[str] = 'apply') -> Optional[List[bool]]:
-    """Every gradient given to an apply is of the scaled loss, as Keras's."""
+    """Every gradient given to an apply is of the scaled loss, as Keras's.
+
+    `method` names the apply in messages; None is `apply_gradients`, the
+    one method whose gradients a subclass may take as given
+    (`protocols.TwoProtocols._scaled_flags`).
+    """
     return protocols.scaled_flags(grads, variables,
                                   method or 'apply_gradients')
 
   def _scale_state(self, scale: Optional[tf.Tensor] = None,
                    counter: Optional[tf.Tensor] = None) -> step.ScaleState:
     """The step's view of the scale: the variables, or (stateless) values."""
-    return _KerasScale(self, scale, counter)
+    return _KerasScale(self, self._scale_floor(), scale, counter)
 
   @classmethod
   def from_config(cls, config: Dict[str, Any],
@@ -370,10 +375,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
 class _KerasScale(step.ScaleState):
   """The step's view of Keras's two variables, or (stateless) of values."""
 
-  def __init__(self, optimizer: LossScaleOptimizer,
+  def __init__(self, optimizer: LossScaleOptimizer, floor: Optional[float],
                scale: Optional[tf.Tensor] = None,
                counter: Optional[tf.Tensor] = None):
-    self._optimizer = optimizer
+    self._optimizer, self._floor = optimizer, floor
     self._values = None if scale is None else (scale, counter)
 
   def scale(self) -> tf.Tensor:
@@ -394,10 +399,9 @@ class _KerasScale(step.ScaleState):
     scale, counter = self._values or (
         tf.convert_to_tensor(opt.dynamic_scale),
         tf.convert_to_tensor(opt.step_counter))
-    floor = opt._scale_floor()  # pylint: disable=protected-access
     new_scale, new_counter = loss_scale_lib.next_dynamic_state(
         scale, counter, verdict, int(opt.dynamic_growth_steps), _MULTIPLIER,
-        min_loss_scale=floor or 0.0)
+        min_loss_scale=self._floor or 0.0)
     new_counter = tf.cast(new_counter, counter.dtype)
     if self._values is not None:
       return new_scale, new_counter
