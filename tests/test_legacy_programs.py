@@ -24,6 +24,7 @@ A program declares in its header comments how it runs:
     # Needs: a .keras loader that restores a LossScaleOptimizer
                                          not Keras 2.12's
     # Needs: Keras 2, or Keras 3.12 or later   (tf_keras's checkpoints)
+    # Needs: Keras 2, or Keras 3.12 or later for int() of a Keras variable
     # Resumes: yes                       run twice in one directory, the
                                          first time under Keras 2's class
 The selected programs start together when the first test asks, two at a
@@ -75,6 +76,14 @@ _NEEDS = {
     'Keras 2, or Keras 3.12 or later for TF 2.x members': versions.Condition(
         bool(not versions.KERAS_3 or versions.KERAS_3_12),
         versions.KERAS_3_12.reason),
+    # A TF 2.4-2.15 program that uses no TF 2.4-2.15 method reads
+    # `iterations` as a Keras 3 program does: Keras's variable.
+    'Keras 2, or Keras 3.12 or later for int() of a Keras variable':
+        versions.Condition(
+            bool(not versions.KERAS_3 or versions.KERAS_3_12),
+            "Keras 3.3's variables refuse int(), Keras 3.12's take it; until "
+            'a program calls a TF 2.4-2.15 method, `iterations` is Keras\'s '
+            f'variable, as for Keras 3 programs: {versions.KERAS_3_12.reason}'),
     # Seen on 2.12.1; 2.15 restores it.
     'a .keras loader that restores a LossScaleOptimizer': versions.Condition(
         versions.TF >= (2, 13),
@@ -163,6 +172,9 @@ class Program(NamedTuple):
   resumes: bool
   condition: versions.Condition
   keras3_only: bool = False
+  # The condition where the program's tf.keras is tf_keras (Keras 2): its
+  # needs but those of Keras 3 ("Keras 2, or Keras 3.12 or later ...").
+  keras2_condition: versions.Condition = versions.Condition(True, '')
 
 
 def _header(text: str, key: str) -> Optional[str]:
@@ -176,16 +188,18 @@ def _program(name: str) -> Program:
   install = _header(text, 'Runs after')
   if install not in ('compat.install()', 'compat.install(override=True)'):
     raise ValueError(f'{name}: no "# Runs after: compat.install(...)" line')
-  condition = versions.Condition(True, '')
-  needs = _header(text, 'Needs')
-  if needs:
-    condition = _NEEDS[needs]
+  condition = keras2_condition = versions.Condition(True, '')
+  for needs in re.findall(r'^# Needs: (.+)$', text, re.MULTILINE):
+    condition = condition & _NEEDS[needs.strip()]
+    if not needs.startswith('Keras 2, or '):
+      keras2_condition = keras2_condition & _NEEDS[needs.strip()]
   resumes = _header(text, 'Resumes') == 'yes'
   if resumes:
     condition = condition & _RESUMES
+    keras2_condition = keras2_condition & _RESUMES
   keras = _header(text, 'Keras')
   return Program(name, 'override=True' in install, keras in ('yes', '3 only'),
-                 resumes, condition, keras == '3 only')
+                 resumes, condition, keras == '3 only', keras2_condition)
 
 
 def _condition(program: Program, legacy_keras: bool) -> versions.Condition:
@@ -201,7 +215,7 @@ def _condition(program: Program, legacy_keras: bool) -> versions.Condition:
         f'{program.name} calls TF 2.4-2.10\'s optimizer methods (get_slot, '
         'get_weights), which Keras 2\'s optimizers of TF 2.11+ lack; it runs '
         'where tf.keras is Keras 3'))
-  return program.condition
+  return program.keras2_condition if legacy_keras else program.condition
 
 
 # (program, whether its process runs under TF_USE_LEGACY_KERAS=1)

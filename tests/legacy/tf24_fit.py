@@ -11,6 +11,7 @@ follows Keras 3's protocol (`scale_loss`), the library's class counts
 """
 # Runs after: compat.install()
 # Keras: yes
+# Needs: Keras 2, or Keras 3.12 or later for int() of a Keras variable
 
 import json
 

@@ -11,6 +11,7 @@ the count reaches 3 too.
 """
 # Runs after: compat.install()
 # Keras: yes
+# Needs: Keras 2, or Keras 3.12 or later for int() of a Keras variable
 
 import json
 

@@ -11,6 +11,7 @@ stays at 2**15), then 8 more in each.
 """
 # Runs after: compat.install()
 # Keras: yes
+# Needs: Keras 2, or Keras 3.12 or later for int() of a Keras variable
 # Needs: a .keras loader that restores a LossScaleOptimizer
 
 import json
