@@ -32,10 +32,13 @@ KERAS3_CHILD = pytest.mark.skipif(
 # before), and tf_keras on 2.16+.
 KERAS_OF_CHILD = [
     pytest.param(False, id='default'),
-    pytest.param(True, id='tf_keras', marks=pytest.mark.skipif(
+    pytest.param(True, id='tf_keras', marks=[pytest.mark.skipif(
         not keras_families.tf_keras_can_be_keras3(),
         reason='TF_USE_LEGACY_KERAS=1 is for TensorFlow 2.16+ (tf.keras is '
-        'Keras 2 already here)')),
+        'Keras 2 already here)'), pytest.mark.skipif(
+            not versions.TF_KERAS_CHILDREN_WANTED,
+            reason='TF_LOSS_SCALE_TF_KERAS_CHILDREN=0: the newest '
+            "TensorFlow's run runs the tf_keras children")]),
 ]
 
 _COMPILE_AND_NAMES = '''

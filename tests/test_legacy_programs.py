@@ -220,7 +220,8 @@ def _condition(program: Program, legacy_keras: bool) -> versions.Condition:
 
 # (program, whether its process runs under TF_USE_LEGACY_KERAS=1)
 _MODES = ([True] if versions.LEGACY_KERAS_REQUESTED else
-          [False, True] if versions.TF >= (2, 16) else [False])
+          [False, True] if versions.TF >= (2, 16) and
+          versions.TF_KERAS_CHILDREN_WANTED else [False])
 RUNS = [(program, legacy_keras)
         for program in (_program(name) for name in sorted(os.listdir(_LEGACY))
                         if name.endswith('.py') and name not in (

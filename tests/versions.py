@@ -79,6 +79,11 @@ TF_KERAS = installed('tf_keras')
 # TensorFlow's own test of the variable (2.15 and later).
 LEGACY_KERAS_REQUESTED = os.environ.get('TF_USE_LEGACY_KERAS') in (
     'true', 'True', '1')
+# Whether tests that run child processes under tf_keras (TF_USE_LEGACY_KERAS
+# =1) beside their Keras 3 runs do so: .ci/run turns it off (0) where the
+# newest TensorFlow's run covers them.
+TF_KERAS_CHILDREN_WANTED = os.environ.get(
+    'TF_LOSS_SCALE_TF_KERAS_CHILDREN', '1') != '0'
 
 _VERSIONS = (f'TensorFlow {tf.__version__}, keras {_shown(KERAS)}, '
              f'tf_keras {_shown(TF_KERAS)}')
