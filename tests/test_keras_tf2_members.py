@@ -1,12 +1,16 @@
-"""TF 2.x's members of both loss scale optimizers on Keras 3, against the originals.
+"""TF 2.x's members of both loss scale optimizers on Keras 3, beyond the traces.
 
-The expected values were recorded by running the same scenario on TF 2.3.4's
-`mixed_precision.experimental.LossScaleOptimizer` and on TF 2.15.1's
-`mixed_precision.LossScaleOptimizer` (around `optimizers.legacy.SGD` and
-around `optimizers.SGD`), each with `SGD(0.1, momentum=0.9)` and a variable
-`v = [1., 2.]`, loss `sum(v * v)`. Keras 3's inner optimizer also keeps its
-learning rate in a variable, which, as TF 2.x's hyperparameters, is in
-neither `weights` nor `variables()`.
+What these members return after a step (`get_weights`, `weights`,
+`get_slot`, `set_weights`, `minimize` with `grad_loss`, `add_slot`, `lr`,
+`decay`, `variables()`) is compared with TF 2.3.4's and TF 2.15.1's own, as
+CI records them in the originals' virtualenvs, by tests/test_traces.py (the
+`members` scenarios). Here is what those records cannot show: which
+variables `weights` and `variables()` hold, the Keras list `variables`,
+TF 2.11-2.15's spellings, writes of `decay`, `add_weight`,
+`get_gradients`/`get_updates` in a `tf.function` and an HDF5 round trip.
+The expected values are worked out by hand from SGD with momentum: with
+learning rate 0.1 and momentum 0.9, a step sets each momentum to 0.9 times
+itself minus 0.1 times the gradient and adds it to the variable.
 """
 
 import os
@@ -53,56 +57,17 @@ def _close(actual, expected):
 
 
 @pytest.mark.parametrize('form', sorted(FORMS))
-def test_weights_slots_and_minimize_as_tf2(form):
+def test_weights_and_variables_are_the_inner_optimizers_but_learning_rate(
+    form):
   opt = FORMS[form]()
   v = keras.Variable([1.0, 2.0], name='v')
   _step(opt, v)
-  # TF 2.3.4 and TF 2.15.1 (legacy SGD): get_weights() == [1, [-0.2, -0.4]],
-  # get_slot(v, 'momentum') == [-0.2, -0.4], get_slot_names() == ['momentum'].
-  weights = opt.get_weights()
-  assert len(weights) == 2
-  _close(weights[0], 1)
-  _close(weights[1], [-0.2, -0.4])
-  assert [w.name for w in opt.weights] == ['iteration', 'v_momentum']
-  _close(opt.get_slot(v, 'momentum'), [-0.2, -0.4])
-  assert opt.get_slot_names() == ['momentum']
-  # set_weights(get_weights()) with the slot changed; both recorded
-  # [0.5, 0.25], and after one more step v == [1.09, 1.505], iterations 2.
-  weights[-1] = np.array([0.5, 0.25], 'float32')
-  opt.set_weights(weights)
-  _close(opt.get_slot(v, 'momentum'), [0.5, 0.25])
-  _step(opt, v)
-  _close(v, [1.09, 1.505])
-  assert int(opt.iterations) == 2
-  # minimize(loss, var_list, grad_loss=, name=) of a vector loss: recorded
-  # v == [1.133, 1.269].
-  opt.minimize(lambda: v * v, [v], grad_loss=tf.constant([1.0, 0.5]),
-               name='m')
-  _close(v, [1.133, 1.269])
-  # add_slot: recorded [1., 1.] and names ['extra', 'momentum'].
-  opt.add_slot(v, 'extra', 'ones')
-  _close(opt.get_slot(v, 'extra'), [1.0, 1.0])
-  assert sorted(opt.get_slot_names()) == ['extra', 'momentum']
-
-
-@pytest.mark.parametrize('form', sorted(FORMS))
-def test_resetting_variables_leaves_the_scale(form):
-  opt = FORMS[form]()
-  v = keras.Variable([1.0, 2.0], name='v')
-  _step(opt, v)
-  called = opt.variables()
-  # TF 2.3.4 and 2.15.1 (both kinds of inner optimizer): variables() is the
-  # inner optimizer's, [iterations, momentum].
-  assert [x.name for x in called] == ['iteration', 'v_momentum']
+  own = [x for x in opt.inner_optimizer.variables
+         if x.name != 'learning_rate']
+  assert len(own) == 2
+  for members in (opt.weights, opt.variables()):
+    assert [id(x) for x in members] == [id(x) for x in own]
   assert isinstance(opt.variables, list)
-  for x in opt.variables():
-    x.assign(tf.zeros_like(x))
-  # Recorded after the loop: scale 32768, iterations 0 (and the learning
-  # rate, a hyperparameter, 0.1).
-  scale = opt.loss_scale() if callable(opt.loss_scale) else opt.loss_scale
-  assert float(scale) == 32768.0
-  assert int(opt.iterations) == 0
-  _close(opt.inner_optimizer.learning_rate, 0.1)
 
 
 def test_tf24_variables_attribute_is_keras_list():
@@ -123,10 +88,10 @@ def test_tf24_tf211_spellings():
   with tf.GradientTape() as tape:
     loss = tf.reduce_sum(v * v)
   opt.minimize(loss, [v], tape)  # TF 2.11-2.15's third positional argument.
-  # TF 2.15.1 (new SGD): v == [0.8, 1.6].
+  # One step of the gradient 2v: v - 0.1 * 2v.
   _close(v, [0.8, 1.6])
-  # TF 2.15.1's wrapper raised AttributeError ('_mesh') for these two; its
-  # inner optimizer returned [1., 2.] and [3., 4.]: ours gives those.
+  # As a TF 2.11-2.15 optimizer: the pairs as given, and a variable of the
+  # initial value or of the shape asked for.
   pairs = opt.aggregate_gradients([(tf.constant([1.0, 2.0]), v)])
   _close(pairs[0][0], [1.0, 2.0])
   assert pairs[0][1] is v
@@ -142,9 +107,8 @@ def test_tf24_tf211_spellings():
 
 def test_tf24_decay():
   opt = _tf24()
-  # TF 2.15.1 (legacy SGD): decay reads 0.0.
-  assert float(opt.decay) == 0.0
   opt.decay = 0.0
+  assert float(opt.decay) == 0.0
   with pytest.raises(ValueError, match='InverseTimeDecay'):
     opt.decay = 0.01
 
@@ -175,7 +139,7 @@ def test_get_gradients_and_get_updates_in_a_graph(form):
 
   grads = graph_step()
   _close(grads, [2.0, 4.0])
-  # One step of SGD with momentum, as TF 2.3.4 took it: v == [0.8, 1.6].
+  # One step of SGD with momentum from zero: v - 0.1 * 2v.
   _close(v, [0.8, 1.6])
 
 
@@ -187,12 +151,12 @@ def _dense_model():
 
 
 def test_experimental_h5_round_trip(tmp_path):
-  # TF 2.3.4's run of this program (with `loss='mse'`, which Keras 3's HDF5
-  # loader cannot read back): after the first fit, scale 16, iterations 2,
-  # each momentum -0.45, kernel 0.25; the loaded model's second fit gave
-  # iterations 4, each momentum -0.2025, kernel -0.3575 (and scale 16:
-  # TF 2.3's files did not keep the scale, which restarted at 8; ours keep
-  # it: 16, doubled to 32).
+  # Inputs of ones and targets of zeros: each kernel entry and bias moves
+  # alike. The first fit's two steps (gradients 3, then 1.8) leave each
+  # momentum -0.45, the kernel 0.25 and the scale doubled to 16; the loaded
+  # model's two more leave each momentum -0.2025 and the kernel -0.3575.
+  # Ours keep the scale in the file (TF 2.3's started it afresh): 16, then
+  # doubled to 32.
   opt = experimental.LossScaleOptimizer(
       keras.optimizers.SGD(0.1, momentum=0.9),
       tf_loss_scale.DynamicLossScale(initial_loss_scale=8.,

@@ -13,7 +13,12 @@ tolerance of 1e-6 (float32 rounding: TF 1.15's graph and TF 2's kernels
 round the momentum update differently in the last bits), but for one
 difference by design (COUNTS_APPLIED_STEPS). The optimizers' and loss
 scales' `get_config()` must hold the original's entries (the inner
-optimizer by class name). Without the
+optimizer by class name). What TF 2.x's optimizer members
+(`get_weights`, `weights`, `get_slot`, `set_weights`, `minimize` with
+`grad_loss`, `add_slot`, `lr`, `decay`, `variables()`) return after a step
+must be, on Keras 3, the original's, entry by entry (floats within the same
+tolerance; an error as its class name), but where listed by design
+(AS_AROUND_LEGACY, MEMBERS_DIFFER). Without the
 originals' JSON these tests skip, saying so, unless
 TF_LOSS_SCALE_REQUIRE_ORIGINALS=1 (as in CI), where they fail.
 """
@@ -176,6 +181,75 @@ def test_get_config_as_the_original(ours_keras_3, originals, ours_name,
   assert set(mine) - set(theirs) == EXTRA_CONFIG_KEYS.get(ours_name, set())
 
 
+# Ours -> the originals' `members` records it must match, entry by entry.
+MEMBER_PAIRS = (
+    ('members experimental', 'members experimental'),
+    ('members mixed_precision', 'members mixed_precision legacy'),
+    ('members mixed_precision', 'members mixed_precision new'))
+# TF 2.15's class around a new (Keras 2.11+) optimizer had none of the
+# members of its class around a legacy one that these entries use (an
+# AttributeError, and a TypeError for `minimize`'s `grad_loss`); ours adds
+# them (docs/differences.md: "TF 2.4-2.15's members that Keras 3's class
+# lacks are added"), so there it must record what the legacy one did. The
+# second step follows the momentum that `set_weights` wrote.
+AS_AROUND_LEGACY = {
+    ('members mixed_precision new', entry): 'members mixed_precision legacy'
+    for entry in ('get_weights', 'get_slot momentum', 'get_slot_names',
+                  'set_weights then get_slot momentum', 'second step',
+                  'minimize with grad_loss', 'add_slot', 'decay')}
+# Entries where ours differs by design, and why.
+_KERAS_3_NAMES = ("ours' variables are the Keras 3 inner optimizer's own, "
+                  "named as Keras 3 names them: `iteration`, `v_momentum`")
+MEMBERS_DIFFER = {
+    (original_name, entry): _KERAS_3_NAMES
+    for _, original_name in MEMBER_PAIRS
+    for entry in ('weights names', 'variables() names')}
+
+
+def _same(mine, theirs):
+  """Whether two recorded values are equal, floats within TOLERANCE."""
+  if isinstance(mine, dict) and isinstance(theirs, dict):
+    return set(mine) == set(theirs) and all(
+        _same(mine[key], theirs[key]) for key in theirs)
+  if isinstance(mine, list) and isinstance(theirs, list):
+    return len(mine) == len(theirs) and all(
+        _same(a, b) for a, b in zip(mine, theirs))
+  numbers = (int, float)
+  if (isinstance(mine, numbers) and isinstance(theirs, numbers) and
+      float in (type(mine), type(theirs))):
+    return bool(np.isclose(mine, theirs, rtol=TOLERANCE, atol=TOLERANCE))
+  return type(mine) is type(theirs) and mine == theirs
+
+
+def _member_mismatches(ours_name, mine, original_name, originals):
+  """Each entry of `mine` that differs from the original's, described."""
+  theirs = originals[original_name]
+  if set(mine) != set(theirs):
+    return [f'{ours_name}: entries {sorted(mine)}, {original_name}: '
+            f'{sorted(theirs)}']
+  mismatches = []
+  for entry in sorted(theirs):
+    expected_in = AS_AROUND_LEGACY.get((original_name, entry), original_name)
+    expected = originals[expected_in][entry]
+    same = _same(mine[entry], expected)
+    if (original_name, entry) in MEMBERS_DIFFER:
+      if same:  # A listed difference that is gone must leave the list.
+        mismatches.append(f'{ours_name} vs {original_name}, {entry}: listed '
+                          f'as differing, but both {expected!r}')
+    elif not same:
+      mismatches.append(f'{ours_name} vs {original_name}, {entry}: ours '
+                        f'{mine[entry]!r}, {expected_in} {expected!r}')
+  return mismatches
+
+
+@versions.KERAS_3_12.mark
+@pytest.mark.parametrize('ours_name, original_name', MEMBER_PAIRS)
+def test_keras_3_members_as_the_original(ours_keras_3, originals, ours_name,
+                                         original_name):
+  assert _member_mismatches(ours_name, ours_keras_3[ours_name],
+                            original_name, originals) == []
+
+
 def test_compare_finds_a_difference():
   step = {'scale': 32768.0, 'iterations': 1, 'weights': [0.9, 1.9]}
   assert _compare([step], [dict(step)]) is None
@@ -190,3 +264,33 @@ def test_applied_steps_counts_steps_that_moved_the_weights():
   trace = [{'scale': 2.0, 'iterations': n, 'weights': w}
            for n, w in ((1, [0.9]), (2, [0.9]), (3, [0.8]))]
   assert [s['iterations'] for s in _applied_steps(trace)] == [1, 1, 2]
+
+
+def test_member_mismatches_name_the_entry_and_both_values():
+  originals = {'members mixed_precision legacy': {'lr': 0.1, 'decay': 0.0},
+               'members mixed_precision new': {
+                   'lr': 0.1, 'decay': {'error': 'AttributeError'}}}
+  assert _member_mismatches('ours', {'lr': 0.1 + 1e-8, 'decay': 0.0},
+                            'members mixed_precision legacy', originals) == []
+  assert _member_mismatches('ours', {'lr': 0.1, 'decay': 0.0},
+                            'members mixed_precision new', originals) == []
+  assert _member_mismatches(
+      'ours', {'lr': 0.2, 'decay': {'error': 'AttributeError'}},
+      'members mixed_precision new', originals) == [
+          'ours vs members mixed_precision new, decay: ours '
+          "{'error': 'AttributeError'}, members mixed_precision legacy 0.0",
+          'ours vs members mixed_precision new, lr: ours 0.2, members '
+          'mixed_precision new 0.1']
+  assert _member_mismatches('ours', {'lr': 0.1},
+                            'members mixed_precision legacy', originals) == [
+                                "ours: entries ['lr'], members "
+                                "mixed_precision legacy: ['decay', 'lr']"]
+
+
+def test_same_compares_floats_within_the_tolerance_and_the_rest_exactly():
+  assert _same([1, [0.5, {'a': 2.0}]], [1, [0.5 + 1e-8, {'a': 2.0}]])
+  assert not _same([1, [0.5]], [1, [0.5001]])
+  assert not _same(['iter'], ['iteration'])
+  assert not _same({'a': 1}, {'a': 1, 'b': 2})
+  assert not _same(2, 3)
+  assert not _same({'error': 'KeyError'}, [0.5])

@@ -9,8 +9,10 @@ syntax: the originals run it too): a two-element weight, SGD with momentum
 steps, fed gradients that are finite, then inf, then NaN. After every step
 it records the loss scale, the optimizer's iteration count and the weights.
 With --ours the scenarios use this library's classes in their place (Keras 3,
-or tf_keras under TF_USE_LEGACY_KERAS=1). The JSON maps each scenario to
-its trace; tests/test_traces.py compares ours with the originals'.
+or tf_keras under TF_USE_LEGACY_KERAS=1). The `members` scenarios record
+what TF 2.x's optimizer members return after a step (`members()`). The JSON
+maps each scenario to its trace; tests/test_traces.py compares ours with the
+originals'.
 """
 
 import json
@@ -19,6 +21,7 @@ import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 # Deprecation notices of the originals' own names would bury the output.
@@ -181,6 +184,119 @@ def _dynamic(module):
                                  increment_period=GROWTH_STEPS, multiplier=2.0)
 
 
+def _plain(value):
+  """`value` (a tensor, variable, array or a list of them) as JSON values."""
+  if isinstance(value, (list, tuple)):
+    return [_plain(x) for x in value]
+  if isinstance(value, str):
+    return value
+  if hasattr(value, 'numpy'):
+    value = value.numpy()
+  return np.asarray(value).tolist()
+
+
+def _short_name(variable):
+  """A variable's name after its last '/', without the ':0'.
+
+  Keras 2's optimizers name their variables in a scope of their own, and
+  TF 2.3's and TF 2.15's legacy ones name a slot `variable/slot`:
+  `SGD/iter:0` and `SGD/v/momentum:0` become `iter` and `momentum`. TF
+  2.15's new optimizers name a slot `slot/variable` (`m/v:0`: `v`), Keras
+  3's `variable_slot` (`v_momentum`), and their count is `iteration`.
+  """
+  return variable.name.split('/')[-1].split(':')[0]
+
+
+def members(make, sgd, make_variable):
+  """What TF 2.x's optimizer members return, one member at a time.
+
+  `make(inner)` wraps the optimizer `sgd(0.1, momentum=0.9)` in a dynamic
+  loss scale optimizer. A variable `v = [1., 2.]`, the loss `sum(v * v)`:
+  after one step, reads `get_weights()`, the names of `weights`, the
+  momentum slot and slot names; `set_weights` with the slot replaced, a
+  second step, `minimize` with `grad_loss`, `add_slot`; `lr` and `decay`,
+  and a write of `lr`. Then, on a fresh optimizer after one step, the names
+  of `variables()`, and the loss scale, iterations and learning rate after
+  each of those variables is set to zero. A member that fails records
+  {'error': the exception's class name}, and the next ones still run.
+  """
+  record = {}
+
+  def entry(name, read):
+    try:
+      record[name] = read()
+    except Exception as e:  # pylint: disable=broad-except
+      record[name] = {'error': type(e).__name__}
+
+  def step(opt, var):
+    with tf.GradientTape() as tape:
+      scaled = opt.get_scaled_loss(tf.reduce_sum(var * var))
+    grads = opt.get_unscaled_gradients(tape.gradient(scaled, [var]))
+    opt.apply_gradients(zip(grads, [var]))
+
+  inner = sgd(0.1, momentum=0.9)
+  opt = make(inner)
+  v = make_variable(INITIAL_WEIGHTS, name='v')
+  step(opt, v)
+  entry('get_weights', lambda: _plain(opt.get_weights()))
+  entry('weights names', lambda: [_short_name(x) for x in opt.weights])
+  entry('get_slot momentum', lambda: _plain(opt.get_slot(v, 'momentum')))
+  entry('get_slot_names', lambda: list(opt.get_slot_names()))
+
+  def set_slot():
+    weights = opt.get_weights()
+    weights[-1] = np.array([0.5, 0.25], 'float32')
+    opt.set_weights(weights)
+    return _plain(opt.get_slot(v, 'momentum'))
+
+  entry('set_weights then get_slot momentum', set_slot)
+
+  def second_step():
+    step(opt, v)
+    return {'v': _plain(v), 'iterations': int(opt.iterations.numpy())}
+
+  entry('second step', second_step)
+
+  def minimize():
+    opt.minimize(lambda: v * v, [v], grad_loss=tf.constant([1.0, 0.5]),
+                 name='m')
+    return _plain(v)
+
+  entry('minimize with grad_loss', minimize)
+
+  def add_slot():
+    opt.add_slot(v, 'extra', 'ones')
+    return {'extra': _plain(opt.get_slot(v, 'extra')),
+            'slot names': sorted(opt.get_slot_names())}
+
+  entry('add_slot', add_slot)
+  entry('lr', lambda: float(_plain(opt.lr)))
+  entry('decay', lambda: float(_plain(opt.decay)))
+
+  def write_lr():
+    opt.lr = 0.05
+    return float(_plain(inner.learning_rate))
+
+  entry('lr = 0.05, then the learning rate', write_lr)
+
+  inner = sgd(0.1, momentum=0.9)
+  fresh = make(inner)
+  v = make_variable(INITIAL_WEIGHTS, name='v')
+  step(fresh, v)
+  entry('variables() names',
+        lambda: [_short_name(x) for x in fresh.variables()])
+
+  def reset():
+    for variable in fresh.variables():
+      variable.assign(tf.zeros_like(variable))
+    return {'scale': _scale_of(fresh),
+            'iterations': int(fresh.iterations.numpy()),
+            'learning rate': float(_plain(inner.learning_rate))}
+
+  entry('variables() set to zero', reset)
+  return record
+
+
 def originals():
   """{scenario: trace} on the original TensorFlow running this."""
   version = '.'.join(tf.__version__.split('.')[:2])
@@ -200,6 +316,9 @@ def originals():
     traces['experimental policy fit'] = policy_fit()
     traces['configs tf2.3'] = configs({'experimental': make},
                                       tf.mixed_precision.experimental)
+    traces['members experimental'] = members(
+        lambda inner: keras.mixed_precision.experimental.LossScaleOptimizer(
+            inner, 'dynamic'), keras.optimizers.SGD, tf.Variable)
     return traces
   if version == '2.15':
     traces, makes = {}, {}
@@ -212,6 +331,8 @@ def originals():
       traces.update(_keras_scenarios('mixed_precision ' + label, keras, make,
                                      tf.Variable))
       makes['mixed_precision ' + label] = make
+      traces['members mixed_precision ' + label] = members(
+          keras.mixed_precision.LossScaleOptimizer, sgd, tf.Variable)
     traces['configs tf2.15'] = configs(makes, None)
     return traces
   raise SystemExit('not an original: TensorFlow %s' % tf.__version__)
@@ -267,6 +388,13 @@ def ours():
   for in_function in (False, True):
     traces['v1 ' + ('tf.function' if in_function else 'eager')] = v1_eager(
         make_v1, lambda: _dynamic(tf_loss_scale), in_function)
+  traces['members experimental'] = members(
+      lambda inner: experimental.LossScaleOptimizer(inner, 'dynamic'),
+      keras.optimizers.SGD, make_variable)
+  if not legacy:
+    traces['members mixed_precision'] = members(
+        mixed_precision.LossScaleOptimizer, keras.optimizers.SGD,
+        make_variable)
   makes = {'experimental': make_experimental}
   if not legacy:
     makes['mixed_precision'] = make_mixed
