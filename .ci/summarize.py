@@ -15,11 +15,12 @@ import sys
 
 _RUNS = {
     'readme': ('readme', 'the README\'s command (every test file)'),
-    'tf212': ('tf212', 'heavy files left to readme'),
+    'tf212': ('tf212', 'heavy files, legacy programs and compat_keras left '
+              'to readme and tf215'),
     'tf215': ('tf215', 'heavy files left to readme'),
-    'tf216': ('tf216', 'heavy files left to readme'),
+    'tf216': ('tf216', 'heavy files and tf_keras children left to readme'),
     'tf221-legacy': ('readme', 'the README\'s .venv, TF_USE_LEGACY_KERAS=1; '
-                     'heavy files left to readme'),
+                     'the files that reach tf.keras in their own process'),
     'originals': ('readme', "tests/test_surface.py, tests/test_traces.py "
                   "against the originals' members and traces"),
 }
