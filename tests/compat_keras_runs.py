@@ -22,6 +22,7 @@ from typing import Any, Dict
 import numpy as np
 import tensorflow as tf
 
+import class_names
 import tf_loss_scale.compat
 
 # Inputs up to 6 against a sum: the first float16 gradients, scaled by
@@ -38,7 +39,7 @@ def _fit(model: Any, epochs: int) -> list:
 
 
 def _name(obj: Any) -> str:
-  return f'{type(obj).__module__}.{type(obj).__qualname__}'
+  return class_names.class_name(type(obj))
 
 
 def _state(model: Any) -> Dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
+import class_names
 import tf_loss_scale.compat
 
 OPTIMIZERS = ('adam', 'sgd_momentum', 'adamw_schedule', 'lion')
@@ -90,7 +91,7 @@ def _state(model: Any) -> Dict[str, Any]:
   opt = model.optimizer
   inner = getattr(opt, 'inner_optimizer', opt)
   return {
-      'optimizer': f'{type(opt).__module__}.{type(opt).__qualname__}',
+      'optimizer': class_names.class_name(type(opt)),
       'weights': [w.tolist() for w in model.get_weights()],
       'iterations': _value(opt.iterations),
       'inner_iterations': _value(inner.iterations),

@@ -255,11 +255,17 @@ def test_isinstance_train_step_trains_after_install_as_tf_keras_class_does():
   # made).
   run = fresh_process.run([os.path.join(_LEGACY, 'run_program.py'), program])
   assert run.returncode == 0, run.stderr[-4000:]
-  keras3 = json.loads(run.stdout.strip().splitlines()[-2])
+  *_, keras3, made = map(json.loads, run.stdout.strip().splitlines())
   tf_keras = fresh_process.run_json([program], legacy_keras=True)
+  # The class install() puts under the name is named as Keras's own.
   assert (keras3.pop('optimizer_class'), tf_keras.pop('optimizer_class')) == (
-      'tf_loss_scale.keras.mixed_precision.LossScaleOptimizer',
+      'keras.optimizers.LossScaleOptimizer',
       'tf_keras.src.mixed_precision.loss_scale_optimizer.LossScaleOptimizerV3')
+  # Keras's compile makes its class, which install() replaces.
+  assert made['made'] == [
+      'keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer in '
+      'compile',
+      'tf_loss_scale.keras.mixed_precision.LossScaleOptimizer in compile']
   if versions.keras_at_least(3, 15):
     # Bit for bit (seen on Keras 3.15): the same float16 arithmetic in both
     # Keras families.
@@ -277,7 +283,7 @@ def test_isinstance_train_step_trains_after_install_as_tf_keras_class_does():
 
 _COMPILE_MADE = '''
 import json, keras, tensorflow as tf, tf_loss_scale.compat as compat
-from tf_loss_scale.keras import mixed_precision as tf24
+from tf_loss_scale.keras import shared_name as tf24
 
 def compiled(optimizer, **kwargs):
   model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
@@ -327,6 +333,7 @@ def test_compile_made_keras_wrapper_is_replaced_only_while_installed():
 
 _TF_KERAS_V3_CONFIG = '''
 import json, tensorflow as tf, tf_keras, tf_loss_scale.compat as compat
+import class_names
 config = tf_keras.optimizers.serialize(tf_keras.mixed_precision.
     LossScaleOptimizer(tf_keras.optimizers.Adam(0.5), initial_scale=64.0,
                        dynamic_growth_steps=7))
@@ -335,7 +342,7 @@ def read():
   opt = tf.keras.optimizers.deserialize(json.loads(json.dumps(config)))
   if isinstance(opt, str):
     return opt
-  return [type(opt).__module__, float(opt.initial_scale),
+  return [class_names.class_name(type(opt)), float(opt.initial_scale),
           opt.dynamic_growth_steps, type(opt.inner_optimizer).__name__,
           float(opt.inner_optimizer.learning_rate.numpy())]
 
@@ -357,6 +364,6 @@ def test_tf_keras_loss_scale_optimizer_config_deserializes_while_installed():
   assert result == {
       'class_name': 'LossScaleOptimizerV3',
       'before': 'LossScaleOptimizerV3',
-      'installed': ['tf_loss_scale.keras.mixed_precision', 64.0, 7, 'Adam',
-                    0.5],
+      'installed': ['tf_loss_scale.keras.mixed_precision.LossScaleOptimizer',
+                    64.0, 7, 'Adam', 0.5],
       'after uninstall': 'LossScaleOptimizerV3'}

@@ -17,6 +17,7 @@ versions.KERAS_3.require()
 
 _PROGRAMS = r'''
 import json
+import class_names
 import keras
 import numpy as np
 import tensorflow as tf
@@ -33,7 +34,8 @@ def caller_scaled():
   with tf.GradientTape() as tape:
     loss = tf.reduce_sum(var * [0.5, 3.0, 3.5, 1.0]) * scale
   opt.apply(tape.gradient(loss, [var]), [var])
-  return {'class': type(opt).__module__, 'weights': var.numpy().tolist(),
+  return {'class': class_names.class_name(type(opt)),
+          'weights': var.numpy().tolist(),
           'iterations': [after_skip, int(opt.iterations.numpy())],
           'keras_variable': isinstance(opt.iterations, keras.Variable)}
 
@@ -53,7 +55,7 @@ def overflowing_fit():
   finally:
     keras.mixed_precision.set_global_policy('float32')
   opt = model.optimizer
-  return {'class': type(opt).__module__,
+  return {'class': class_names.class_name(type(opt)),
           'kernel': float(model.get_weights()[0][0, 0]),
           'scale': float(opt.dynamic_scale.numpy()),
           'iterations': int(opt.iterations.numpy())}

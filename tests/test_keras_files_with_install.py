@@ -12,8 +12,9 @@ the library imported at all:
 - each restores into the other kind of process with every optimizer value
   (inner step count, learning rate, Adam's moments, the scale and its
   counter) the writer's, and one more epoch lands on the writer's weights;
-- `model.save('m.h5')` under `install()` loads without the library (not
-  yet: see the test).
+- `model.save` to `.h5` and `.keras` under `install()` loads without the
+  library, into Keras's class, and with it, into TF 2.4-2.15's class with
+  every optimizer value.
 """
 
 import json
@@ -29,6 +30,7 @@ versions.KERAS_3.require()
 _PROGRAM = '''
 import json, os, sys
 import numpy as np
+import class_names
 mode, install, maker, directory = sys.argv[1:5]
 if install == '1':
   import tf_loss_scale.compat
@@ -53,7 +55,7 @@ def make():
     inner = keras.optimizers.Adam(0.01)
   if maker == 'named':
     inner = keras.mixed_precision.LossScaleOptimizer(inner)
-  model.compile(inner, 'mse')
+  model.compile(optimizer=inner, loss=keras.losses.MeanSquaredError())
   return model
 
 
@@ -64,7 +66,7 @@ def fit(model):
 def state(model):
   optimizer = model.optimizer
   inner = optimizer.inner_optimizer
-  return {'class': type(optimizer).__module__.split('.')[0],
+  return {'class': class_names.class_name(type(optimizer)).split('.')[0],
           'iterations': int(inner.iterations.numpy()),
           'learning_rate': float(np.asarray(inner.learning_rate)),
           'scale': float(optimizer.dynamic_scale.numpy()),
@@ -80,6 +82,9 @@ def checkpoint(model):
       os.path.join(directory, 'checkpoints'), max_to_keep=1)
 
 
+# `.keras` first: saving to `.h5` takes the optimizer out of the model's
+# compile config (Keras's bug), and a `.keras` file saved after it has none.
+_FILES = ('m.keras', 'm.h5')
 model = make()
 result = {}
 if mode == 'write':
@@ -91,8 +96,8 @@ if mode == 'write':
       name: np.asarray(tf.train.load_variable(path, name)).tolist()
       for name, _ in tf.train.list_variables(path)
       if name != '_CHECKPOINTABLE_OBJECT_GRAPH'}
-  if maker == 'compile':
-    model.save(os.path.join(directory, 'm.h5'))
+  for name in _FILES:
+    model.save(os.path.join(directory, name))
   fit(model)
   result['next'] = state(model)['weights']
 elif mode == 'read':
@@ -102,9 +107,14 @@ elif mode == 'read':
   result['restored'] = state(model)
   fit(model)
   result['next'] = state(model)['weights']
-else:  # 'h5': load what the writer saved.
-  loaded = keras.models.load_model(os.path.join(directory, 'm.h5'))
+else:  # A file's name: load what the writer saved there.
+  loaded = keras.models.load_model(os.path.join(directory, mode))
   result['loaded'] = state(loaded)
+  try:
+    fit(loaded)
+    result['next'] = state(loaded)['weights']
+  except ValueError as e:  # Keras's class after an `.h5` file: see the test.
+    result['next'] = f'ValueError: {e}'
 print(json.dumps(result))
 '''
 
@@ -146,6 +156,11 @@ def _assert_same_state(actual, expected):
     _assert_close(a, b, f'weight {i}')
 
 
+def _assert_same_next_epoch(read, wrote):
+  for i, (a, b) in enumerate(zip(read['next'], wrote['next'])):
+    _assert_close(a, b, f'weight {i} after one more epoch')
+
+
 def test_the_checkpoint_is_the_same_with_and_without_install(written):
   maker, runs = written
   without, under = runs[False][1], runs[True][1]
@@ -168,24 +183,50 @@ def test_the_checkpoint_restores_whole_into_the_other_process(
   directory, wrote = runs[install_writes]
   read = _run('read', not install_writes, maker, directory)
   _assert_same_state(read['restored'], wrote['saved'])
-  for i, (a, b) in enumerate(zip(read['next'], wrote['next'])):
-    _assert_close(a, b, f'weight {i} after one more epoch')
+  _assert_same_next_epoch(read, wrote)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'The config is Keras\'s now (with `name`), but the file names the class '
-    'by its registered name, tf_loss_scale.mixed_precision>'
-    'LossScaleOptimizer, which Keras cannot find without the library. Keras '
-    'takes the name from the class (its module, its registration); '
-    'unregistered, .keras files of the class would not load even with the '
-    'library. Open.'))
-def test_an_h5_file_saved_under_install_loads_without_the_library(written):
+def _load_saved_under_install(written, name, install):
+  """What loading file `name` of the writer under install() read, and what
+  that writer saved."""
   maker, runs = written
-  if maker != 'compile':
-    pytest.skip('saved by the compile run only')
   directory, wrote = runs[True]
-  loaded = _run('h5', False, maker, directory)['loaded']
+  return _run(name, install, maker, directory), wrote
+
+
+@pytest.mark.parametrize('name', ['m.keras', 'm.h5'])
+def test_a_file_saved_under_install_loads_without_the_library(written, name):
+  # The file names Keras's class (tf_loss_scale/keras/shared_name.py), which
+  # loads it; a `.keras` file keeps every optimizer value.
+  read, wrote = _load_saved_under_install(written, name, False)
+  loaded = read['loaded']
   assert loaded['class'] == 'keras'
   for i, (a, b) in enumerate(zip(loaded['weights'],
                                  wrote['saved']['weights'])):
-    _assert_close(a, b, f'weight {i}')
+    _assert_close(a, b, f'weight {i} loaded')
+  if name == 'm.keras':
+    _assert_same_state(loaded, wrote['saved'])
+    _assert_same_next_epoch(read, wrote)
+  else:
+    # Keras's own `.h5` round trip: the optimizer's state is not read back,
+    # and the next step raises (Keras's class does the same with `.h5`
+    # files it wrote itself: tests/test_file_matrix.py pins it).
+    assert loaded['iterations'] == 0
+    assert 'Unknown variable' in read['next'], read
+
+
+@pytest.mark.parametrize('name', ['m.keras', 'm.h5'])
+def test_a_file_saved_under_install_loads_back_under_install(written, name):
+  # Into TF 2.4-2.15's class, with every optimizer value: TF 2.4-2.15
+  # programs' `.h5` files kept the optimizer's state.
+  read, wrote = _load_saved_under_install(written, name, True)
+  loaded = read['loaded']
+  assert loaded['class'] == 'tf_loss_scale'
+  if name == 'm.keras':
+    _assert_same_state(loaded, wrote['saved'])
+  else:
+    # Read from `.h5`, the inner optimizer's slots are made, with the
+    # file's values, by the first step, which lands on the writer's.
+    for key in ('iterations', 'scale', 'counter', 'learning_rate'):
+      assert loaded[key] == wrote['saved'][key], key
+  _assert_same_next_epoch(read, wrote)

@@ -25,8 +25,7 @@ _PROGRAM = textwrap.dedent('''\
     import tensorflow as tf
 
 
-    def name(cls):
-      return f'{cls.__module__}.{cls.__qualname__}'
+    from class_names import class_name as name
 
 
     def fail():
@@ -114,8 +113,8 @@ def test_keras_3_and_the_programs_traceback(program, tmp_path):
   traceback = done.stderr[done.stderr.index('Traceback'):].splitlines()
   # As `python old_program.py` prints it: from the program's module on.
   assert traceback[0] == 'Traceback (most recent call last):'
-  assert traceback[1] == f'  File "{program}", line 30, in <module>'
-  assert f'  File "{program}", line 14, in fail' in traceback
+  assert traceback[1] == f'  File "{program}", line 29, in <module>'
+  assert f'  File "{program}", line 13, in fail' in traceback
   assert traceback[-1] == 'RuntimeError: the program failed on purpose'
   assert not [line for line in traceback
               if 'runpy' in line or 'tf_loss_scale' in line], traceback

@@ -70,7 +70,7 @@ def install(override: bool = False) -> None:
   # `compile_with_policy_loss_scale`).
   tf24 = None
   if families.is_keras3(tf.keras):
-    from tf_loss_scale.keras import mixed_precision as tf24
+    from tf_loss_scale.keras import shared_name as tf24
   # On the class that defines `compile`: Keras's loader compares a model's
   # `compile` with that class's and skips restoring the optimizer and loss
   # of a model whose `compile` differs (a user's own, it assumes).
@@ -86,11 +86,17 @@ def install(override: bool = False) -> None:
       if hasattr(getattr(namespace, 'LossScaleOptimizer', None),
                  'stateless_apply'):
         _replace(namespace, 'LossScaleOptimizer', tf24.LossScaleOptimizer)
-    # tf_keras's configs name its Keras 3-era class `LossScaleOptimizerV3`,
-    # which Keras's deserializers do not know: they read it as this class.
+    # Files name this class `LossScaleOptimizer`, as Keras's (`.h5` files
+    # of both, `.keras` files of this one; see `shared_name`): they load
+    # into it. Keras's optimizer deserializer looks the names of its own
+    # optimizers up in lower case, as `.h5` files are read. tf_keras's
+    # configs name its Keras 3-era class `LossScaleOptimizerV3`, which
+    # Keras's deserializers do not know: they read it as this class too.
     saving = importlib.import_module('keras.saving')
-    _replace_item(saving.get_custom_objects(), 'LossScaleOptimizerV3',
-                  tf24.LossScaleOptimizer)
+    for name in ('LossScaleOptimizer', 'lossscaleoptimizer',
+                 'LossScaleOptimizerV3'):
+      _replace_item(saving.get_custom_objects(), name,
+                    tf24.LossScaleOptimizer)
 
   loss_scales = {name: getattr(tf_loss_scale, name) for name in _LOSS_SCALE_NAMES}
   rewrite = {name: getattr(graph_rewrite, name) for name in (

@@ -18,12 +18,9 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import tensorflow as tf
 
+from class_names import class_name as _name
 import isolation
 import tf_loss_scale
-
-
-def _name(cls: type) -> str:
-  return f'{cls.__module__}.{cls.__qualname__}'
 
 
 def _guide_loop(script_globals: Dict[str, Any]) -> Tuple[List[float], float]:

@@ -21,6 +21,7 @@ from typing import Iterator, List
 
 import tensorflow as tf
 
+import class_names
 import tf_loss_scale.compat
 
 # Where each generation's loss scale optimizer is reachable through `tf`.
@@ -65,7 +66,7 @@ def _record_construction(classes: List[type], made: List[str]) -> None:
     original = cls.__init__
 
     def init(self, *args, _original=original, **kwargs):
-      name = f'{type(self).__module__}.{type(self).__qualname__}'
+      name = class_names.class_name(type(self))
       name += _maker()
       if name not in made:
         made.append(name)

@@ -60,31 +60,12 @@ _ALIASES = {'lr': 'learning_rate'}
 _UNSET = object()
 
 
-class _TakesKerasClassInstances(type(keras.optimizers.LossScaleOptimizer)):
-  """`isinstance(x, LossScaleOptimizer)` holds for Keras's class too.
-
-  Under Keras 3, `tf.keras.mixed_precision.LossScaleOptimizer` was Keras's
-  class until `tf_loss_scale.compat.install()` put this one there; a TF
-  2.4-2.15 `train_step` that branches on that `isinstance` must still take
-  its loss scale branch for an optimizer of Keras's class, and fail loudly
-  there (no `get_scaled_loss`) as without `install()`, not train silently
-  on gradients Keras's class divides by the scale.
-  """
-
-  def __instancecheck__(cls, instance: Any) -> bool:
-    if cls is LossScaleOptimizer and isinstance(
-        instance, keras.optimizers.LossScaleOptimizer):
-      return True
-    return super().__instancecheck__(instance)
-
-
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.mixed_precision', name='LossScaleOptimizer')
 class LossScaleOptimizer(protocols.TwoProtocols,
                          tf_keras_checkpoints.ReadsTfKerasLayout,
                          tf2_members.Keras3Members,
-                         loss_scale_optimizer.LossScaleOptimizer,
-                         metaclass=_TakesKerasClassInstances):
+                         loss_scale_optimizer.LossScaleOptimizer):
   """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
 
   Custom loop, as written for TF 2.4-2.15:
