@@ -203,6 +203,26 @@ def restore_deferred(trackable: Any, name: str, child: Any) -> None:
   trackable._handle_deferred_dependencies(name, child)  # pylint: disable=protected-access
 
 
+def untrack(trackable: Any, name: str) -> None:
+  """Keeps attribute `name` of `trackable` (a list) out of checkpoints.
+
+  Hook: deleting an attribute of a TensorFlow `AutoTrackable` drops the
+  dependency it tracked (its `__delattr__`); setting it back with
+  `object.__setattr__` skips the tracking. Why: before Keras 3.12 the Keras
+  3 form runs the base optimizer's build, which Keras's class did not yet
+  run, and that build records the variables as a tracked list; checkpoints
+  must keep the layout of Keras's class, which saves no such list.
+  `tests/test_keras_files_with_install.py` compares the layouts.
+
+  Args:
+    trackable: The object holding the attribute.
+    name: The attribute, whose value stays as a plain list.
+  """
+  value = list(getattr(trackable, name))
+  delattr(trackable, name)
+  object.__setattr__(trackable, name, value)
+
+
 class IndexedChildren(tf.__internal__.tracking.Trackable):
   """A checkpoint node read as a list (children '0', '1', ...), never saved.
 

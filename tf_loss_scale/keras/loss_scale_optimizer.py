@@ -152,12 +152,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       # variables (for `apply(grads)` and `stateless_apply`). With the base
       # arguments at their defaults it creates no variable.
       keras.optimizers.Optimizer.build(self, var_list)
-      # Keras's class before 3.12 saves no such list: the list stays out
-      # of checkpoints (deleting the attribute stops its tracking), so that
-      # files are laid out as that class lays them out.
-      recorded = list(self._trainable_variables)
-      del self._trainable_variables
-      object.__setattr__(self, '_trainable_variables', recorded)
+      # Keras's class before 3.12 saves no such list.
+      private_api.untrack(self, '_trainable_variables')
     # The skip report's flags, one per variable, made now so that they are
     # not created while Keras traces its train function.
     self._monitor.create(step_record.gradient_names(var_list))
