@@ -37,7 +37,7 @@ def caller_scaled():
   return {'class': class_names.class_name(type(opt)),
           'weights': var.numpy().tolist(),
           'iterations': [after_skip, int(opt.iterations.numpy())],
-          'keras_variable': isinstance(opt.iterations, keras.Variable)}
+          'iterations_type': class_names.class_name(type(opt.iterations))}
 
 
 def overflowing_fit():
@@ -88,23 +88,29 @@ def test_the_programs_run_this_library_after_install(runs):
     assert ours[program]['class'].startswith('tf_loss_scale.')
 
 
-@versions.KERAS_3_12.mark
+# The count after an applied step: Keras's class before 3.9 answers with a
+# counter that stays at 0 (Keras's bug, kept under install()).
+_ONE_STEP = 1 if versions.KERAS_CLASS_COUNTS_STEPS else 0
+
+
 def test_apply_of_a_loss_the_caller_scaled_as_keras_class(runs):
   keras_class, ours = runs
-  expected = {'weights': [0.5, -1.0, -0.5, 3.0], 'iterations': [0, 1],
-              'keras_variable': True}
-  assert _without_class(keras_class['caller_scaled']) == expected
-  assert _without_class(ours['caller_scaled']) == expected
+  expected = {'weights': [0.5, -1.0, -0.5, 3.0], 'iterations': [0, _ONE_STEP]}
+  for run in (keras_class, ours):
+    got = _without_class(run['caller_scaled'])
+    assert got.pop('iterations_type').startswith('keras.')  # A Keras variable.
+    assert got == expected
+  assert ours['caller_scaled'] == dict(
+      keras_class['caller_scaled'], **{'class': ours['caller_scaled']['class']})
 
 
-@versions.KERAS_3_12.mark
 def test_fit_past_a_scale_of_one_trains_as_keras_class(runs):
   keras_class, ours = runs
   # 16 steps skipped (2**15 down to 0.5), then 4 applied, each moving the
   # kernel by 1e-6 * 98304 (SGD's float32 arithmetic: within 1e-6).
   for run in (keras_class, ours):
     fit = run['overflowing_fit']
-    assert (fit['scale'], fit['iterations']) == (0.5, 4)
+    assert (fit['scale'], fit['iterations']) == (0.5, 4 * _ONE_STEP)
     assert fit['kernel'] == pytest.approx(1e-3 - 4 * 0.098304, abs=1e-6)
   assert _without_class(ours['overflowing_fit']) == _without_class(
       keras_class['overflowing_fit'])

@@ -282,15 +282,18 @@ def test_fit_takes_scaled_gradients_as_keras_does(run_eagerly):
   assert [i for _, _, _, i in keras_trajectory] == applied
   assert int(keras_opt.inner_optimizer.iterations.numpy()) == 4
   # TF 2.4-2.15's form under fit (Keras 3's protocol) counts as Keras's
-  # class; TF 2.3's counts skipped steps too, in the inner optimizer's
-  # counter, as TF 2.3's fit did.
-  for make, counts in (
+  # class, its `iterations` too (before Keras 3.9, Keras's stays at 0);
+  # TF 2.3's counts skipped steps too, in the inner optimizer's counter, as
+  # TF 2.3's fit did.
+  every_step = list(range(1, 11))
+  for make, own_counts, counts in (
       (lambda inner: mixed_precision.LossScaleOptimizer(
-          inner, initial_scale=2.0**15, dynamic_growth_steps=2), applied),
+          inner, initial_scale=2.0**15, dynamic_growth_steps=2),
+       [i for _, _, i, _ in keras_trajectory], applied),
       (lambda inner: tf_loss_scale.keras.experimental.LossScaleOptimizer(
           inner, tf_loss_scale.DynamicLossScale(initial_loss_scale=2.0**15,
                                                 increment_period=2)),
-       list(range(1, 11)))):
+       every_step, every_step)):
     model, opt, trajectory = _fit_float16(make, run_eagerly)
     assert model.optimizer is opt  # compile kept it.
     for (ours, our_scale, _, _), (theirs, their_scale, _, _) in zip(
@@ -298,7 +301,7 @@ def test_fit_takes_scaled_gradients_as_keras_does(run_eagerly):
       assert our_scale == their_scale
       for our_weight, their_weight in zip(ours, theirs):
         np.testing.assert_array_equal(our_weight, their_weight)
-    assert [i for _, _, i, _ in trajectory] == counts
+    assert [i for _, _, i, _ in trajectory] == own_counts
     assert [i for _, _, _, i in trajectory] == counts
     for ours, theirs in zip(model.get_weights(), expected.get_weights()):
       np.testing.assert_array_equal(ours, theirs)
@@ -314,8 +317,9 @@ def test_keras_file_round_trips_the_optimizer_and_its_state(tmp_path):
   assert type(again) is mixed_precision.LossScaleOptimizer
   assert again.get_config() == opt.get_config()
   state = lambda o: (float(o.loss_scale), int(o.dynamic_counter.numpy()),
-                     int(o.iterations.numpy()))
+                     int(o.inner_optimizer.iterations.numpy()))
   assert state(again) == state(opt)
+  assert int(again.iterations.numpy()) == int(opt.iterations.numpy())
   # Five finite steps: doubled after three, two counted since.
   assert state(opt) == (8192.0, 2, 5)
   for ours, saved in zip(loaded.get_weights(), model.get_weights()):

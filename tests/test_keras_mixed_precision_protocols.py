@@ -130,7 +130,7 @@ def _fit_loop_fit(api, make_opt):
 
   def note():
     record.append(([w.tolist() for w in model.get_weights()],
-                   float(opt.loss_scale), int(opt.iterations)))
+                   float(opt.loss_scale), int(opt.iterations.numpy())))
 
   model.fit(x, y, batch_size=4, epochs=3, verbose=0)
   note()
@@ -152,7 +152,6 @@ def _fit_loop_fit(api, make_opt):
   return record
 
 
-@versions.KERAS_3_12.mark
 def test_one_optimizer_serves_fit_then_a_custom_loop_then_fit_as_tf_keras():
   ours = _fit_loop_fit(keras, lambda: mixed_precision.LossScaleOptimizer(
       keras.optimizers.SGD(0.1), initial_scale=4, dynamic_growth_steps=2))
@@ -160,14 +159,19 @@ def test_one_optimizer_serves_fit_then_a_custom_loop_then_fit_as_tf_keras():
       tf_keras, lambda: tf_keras.mixed_precision.LossScaleOptimizer(
           tf_keras.optimizers.SGD(0.1), initial_scale=4,
           dynamic_growth_steps=2))
+  # Until the loop calls a TF 2.4-2.15 method, `iterations` is Keras's
+  # class's: before Keras 3.9, a counter that stays at 0 (Keras's bug).
+  first_count = 3 if versions.KERAS_CLASS_COUNTS_STEPS else 0
   for stage, (o, t) in enumerate(zip(ours, theirs)):
     np.testing.assert_allclose(
         np.concatenate([np.ravel(w) for w in o[0]]),
         np.concatenate([np.ravel(w) for w in t[0]]), rtol=1e-5,
         err_msg=f'weights after stage {stage}')
-    assert o[1:] == t[1:], f'loss scale and iterations after stage {stage}'
+    assert o[1] == t[1], f'loss scale after stage {stage}'
+    assert o[2] == (t[2] if stage else first_count), (
+        f'iterations after stage {stage}')
   # The scale doubled every two steps across fit and the loop: 3, 6, 8 steps.
-  assert [o[1:] for o in ours] == [(8.0, 3), (32.0, 6), (64.0, 8)]
+  assert [t[1:] for t in theirs] == [(8.0, 3), (32.0, 6), (64.0, 8)]
 
 
 def test_keras_3_arguments_and_name_are_taken_as_keras_class_takes_them():
@@ -228,9 +232,11 @@ def test_replacing_iterations_raises_saying_what_to_do():
   with pytest.raises(AttributeError, match=r'cannot be replaced .*'
                      r'optimizer\.iterations\.assign\(step\)'):
     ours.iterations = step
-  ours.iterations.assign(5)
   var = keras.Variable([1.0])
-  _tf24_step(ours, var)(tf.constant(1.0))
+  step = _tf24_step(ours, var)
+  step(tf.constant(1.0))
+  ours.iterations.assign(5)
+  step(tf.constant(1.0))
   assert int(ours.iterations) == 6
 
 
@@ -308,7 +314,6 @@ def _stateless_apply(opt, grads, var):
     variable.assign(value)
 
 
-@versions.KERAS_3_12.mark
 @pytest.mark.parametrize('apply', [_apply, _stateless_apply])
 def test_apply_takes_gradients_of_the_scaled_loss_as_keras_class(apply):
   ours = _caller_scaled_steps(
@@ -316,8 +321,10 @@ def test_apply_takes_gradients_of_the_scaled_loss_as_keras_class(apply):
   # Keras's stateless_apply refuses the TensorFlow backend: its `apply`.
   assert ours == _caller_scaled_steps(
       keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0)), _apply)
-  # Skipped (not counted, the scale halved), then applied unscaled.
-  assert ours == ([0.5, -1.0, -0.5, 3.0], 0, 1, 16384.0)
+  # Skipped (not counted, the scale halved), then applied unscaled. Keras's
+  # class before 3.9 counts in a counter that stays at 0 (Keras's bug).
+  assert ours == ([0.5, -1.0, -0.5, 3.0], 0,
+                  1 if versions.KERAS_CLASS_COUNTS_STEPS else 0, 16384.0)
 
 
 def test_apply_gradients_takes_plain_gradients_after_fit_as_tf_keras():
@@ -403,12 +410,12 @@ def test_positional_arguments_are_keras_3s_for_a_number_tf24s_for_a_bool():
                                        initial_scale=8)
 
 
-@versions.KERAS_3_12.mark
 def test_iterations_is_a_keras_variable_until_a_tf24_method_is_called():
   ours = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD())
   keras_class = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+  assert type(ours.iterations) is type(keras_class.iterations)
   for opt in (ours, keras_class):
-    assert isinstance(opt.iterations, keras.Variable)
+    assert type(opt.iterations).__module__.startswith('keras.')
     assert opt.iterations.path.endswith('iteration')
     assert isinstance(opt.iterations.value, tf.Variable)  # A property.
   ours.get_scaled_loss(tf.constant(1.0))

@@ -24,7 +24,7 @@ import tf_loss_scale
 from tf_loss_scale.keras import experimental
 import versions
 
-versions.KERAS_3_12.require()
+versions.KERAS_3.require()
 
 # pylint: disable=g-import-not-at-top,wrong-import-order
 from tf_loss_scale.keras import mixed_precision  # Refuses Keras 2.
@@ -117,7 +117,8 @@ def test_tf24_decay():
 def test_add_weight_is_the_inner_optimizers(form):
   opt = FORMS[form]()
   made = opt.add_weight('counter', shape=(), dtype='int64')
-  assert int(made) == 0
+  # The inner optimizer's Keras variable (Keras 3.3's refuse int()).
+  assert made.numpy() == 0 and made.dtype == 'int64'
   assert any(x is made for x in opt.inner_optimizer.variables)
   with pytest.raises(ValueError, match='trainable=True'):
     opt.add_weight('w', shape=(), trainable=True)

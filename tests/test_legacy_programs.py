@@ -73,17 +73,17 @@ _NEEDS = {
     'Keras 2, or Keras 3.12 or later': versions.Condition(
         bool(not versions.KERAS_3 or versions.KERAS_TF_KERAS_CHECKPOINTS),
         versions.KERAS_TF_KERAS_CHECKPOINTS.reason),
-    'Keras 2, or Keras 3.12 or later for TF 2.x members': versions.Condition(
-        bool(not versions.KERAS_3 or versions.KERAS_3_12),
-        versions.KERAS_3_12.reason),
     # A TF 2.4-2.15 program that uses no TF 2.4-2.15 method reads
-    # `iterations` as a Keras 3 program does: Keras's variable.
+    # `iterations` as a Keras 3 program does: Keras's class's count, a
+    # Keras variable.
     'Keras 2, or Keras 3.12 or later for int() of a Keras variable':
         versions.Condition(
-            bool(not versions.KERAS_3 or versions.KERAS_3_12),
-            "Keras 3.3's variables refuse int(), Keras 3.12's take it; until "
-            'a program calls a TF 2.4-2.15 method, `iterations` is Keras\'s '
-            f'variable, as for Keras 3 programs: {versions.KERAS_3_12.reason}'),
+            bool(not versions.KERAS_3 or versions.keras_at_least(3, 12)),
+            "Keras 3.3's variables refuse int() (Keras 3.12's take it), and "
+            "before Keras 3.9 Keras's class counts no step in `iterations`; "
+            'until a program calls a TF 2.4-2.15 method, `iterations` is '
+            "Keras's class's, as for Keras 3 programs: "
+            f'{versions.keras_at_least(3, 12).reason}'),
     # Seen on 2.12.1; 2.15 restores it.
     'a .keras loader that restores a LossScaleOptimizer': versions.Condition(
         versions.TF >= (2, 13),

@@ -242,7 +242,6 @@ def _member_mismatches(ours_name, mine, original_name, originals):
   return mismatches
 
 
-@versions.KERAS_3_12.mark
 @pytest.mark.parametrize('ours_name, original_name', MEMBER_PAIRS)
 def test_keras_3_members_as_the_original(ours_keras_3, originals, ours_name,
                                          original_name):

@@ -116,15 +116,11 @@ KERAS_SUMS_ACROSS_REPLICAS = KERAS_3 & Condition(
     'across replicas, and the Keras 3 forms refuse several replicas there '
     f'({_VERSIONS})')
 
-# TF 2.x's members of the Keras 3 forms, and Keras's behaviour of TF
-# 2.4-2.15's form under install() (iterations a keras.Variable, the count of a
-# skipped step), are tested from Keras 3.12 (with 3.15); on Keras 3.3 a Keras
-# variable takes no int(), add_weight no 'none' aggregation, and Keras's
-# class counts steps in a counter of its own: not built for Keras 3.3 yet.
-KERAS_3_12 = KERAS_3 & Condition(
-    KERAS is not None and KERAS >= (3, 12),
-    "needs Keras 3.12 or later: TF 2.x's members and Keras's behaviour under "
-    f'install() are not built for older Keras 3 yet ({_VERSIONS})')
+# Keras's own LossScaleOptimizer answers `iterations` with the inner
+# optimizer's count from Keras 3.9; before, with a counter of its own that
+# stays at 0 (a Keras bug, which the class under install()'s name keeps for
+# Keras 3 programs).
+KERAS_CLASS_COUNTS_STEPS = bool(KERAS is not None and KERAS >= (3, 9))
 
 # The TF 2.4-2.15 form's checkpoints interchange with tf_keras's class where
 # Keras 3's optimizers name and order what they save as tf_keras's do: from

@@ -14,7 +14,6 @@ there.
 """
 # Runs after: compat.install()
 # Keras: yes
-# Needs: Keras 2, or Keras 3.12 or later for TF 2.x members
 
 import json
 

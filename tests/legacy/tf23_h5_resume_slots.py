@@ -10,7 +10,6 @@ expected numbers come from this program's run on TF 2.3.4.
 """
 # Runs after: compat.install()
 # Keras: yes
-# Needs: Keras 2, or Keras 3.12 or later for TF 2.x members
 
 import json
 

@@ -12,7 +12,7 @@ TF 2.15.1's, from a run of this program there.
 """
 # Runs after: compat.install()
 # Keras: yes
-# Needs: Keras 2, or Keras 3.12 or later for TF 2.x members
+# Needs: Keras 2, or Keras 3.12 or later for int() of a Keras variable
 
 import json
 

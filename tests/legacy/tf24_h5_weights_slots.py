@@ -12,7 +12,7 @@ run on TF 2.15.1 with `tf.keras.optimizers.legacy.SGD` (TF 2.4-2.10's
 """
 # Runs after: compat.install()
 # Keras: 3 only
-# Needs: Keras 2, or Keras 3.12 or later for TF 2.x members
+# Needs: Keras 2, or Keras 3.12 or later for int() of a Keras variable
 
 import json
 

@@ -56,6 +56,9 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
   def __init__(self, optimizer: Any,
                loss_scale: experimental.LossScaleArgument):
     super().__init__(optimizer, loss_scale)
+    # Read as TF 2.3's (`iterations` below), written as any forwarded name.
+    object.__setattr__(self, '_forwarded_names',
+                       self._forwarded_names - {'iterations'})
     # Keras's HDF5 writer names each variable of `variables` by its `path`,
     # which Keras variables have and the loss scale's tf.Variables lack.
     for variable in self.loss_scale.variables:
@@ -63,6 +66,15 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
         variable.path = f'loss_scale/{variable.name.partition(":")[0]}'
 
   __init__.__doc__ = experimental.LossScaleOptimizer.__init__.__doc__
+
+  @property
+  def iterations(self) -> tf.Variable:
+    """The inner optimizer's step count, as TF 2.3's: a `tf.Variable`."""
+    return keras3_support.tf_variable(self.inner_optimizer.iterations)
+
+  @iterations.setter
+  def iterations(self, value: Any) -> None:
+    self.inner_optimizer.iterations.assign(value)
 
   @property
   def variables(self) -> tf2_members.CallableList:

@@ -52,6 +52,15 @@ SAVES_AS_TF_KERAS = RELEASE >= (3, 12)
 # config to its own arguments and runs the base optimizer's build.
 CLASS_RUNS_BASE_BUILD = RELEASE >= (3, 12)
 
+# Keras's variables take aggregation 'none' from 3.7, when Keras began to
+# pass the aggregation on to TensorFlow's variable; before, every Keras
+# variable's TensorFlow variable had aggregation NONE, whatever it was told.
+VARIABLES_TAKE_AGGREGATION_NONE = RELEASE >= (3, 7)
+
+# Keras's class answers `iterations` with the inner optimizer's count; before
+# 3.9, with a counter of its own that stays at 0.
+CLASS_COUNTS_INNER_STEPS = RELEASE >= (3, 9)
+
 
 def _shown(version: Tuple[int, ...]) -> str:
   return '.'.join(map(str, version))
@@ -97,6 +106,17 @@ def check_replicas_are_summed(where: str) -> None:
         'TensorFlow 2.16 accepts), or use Keras 2 (tf_keras, with '
         'TF_USE_LEGACY_KERAS=1) and tf_loss_scale.keras.experimental.'
         'LossScaleOptimizer.')
+
+
+def tf_variable(value: Any) -> Any:
+  """A Keras variable's `tf.Variable`, as TF 2.x's classes gave; else `value`.
+
+  Keras 3.3's variables refuse `int()`; an accumulating optimizer's computed
+  step count is a tensor already.
+  """
+  if isinstance(value, tf.Variable):
+    return value
+  return getattr(value, 'value', value)
 
 
 def count_skipped_step(inner: keras.optimizers.Optimizer) -> Any:

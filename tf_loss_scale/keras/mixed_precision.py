@@ -310,16 +310,22 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
     A `keras.Variable`, as from Keras's class, until TF 2.4-2.15's behaviour
     is asked for (module docstring); then its `tf.Variable`, as tf_keras's.
+    Before that, on Keras before 3.9, the counter of its own that Keras's
+    class answered with, which stays at 0 (a bug of Keras's, kept so that
+    a Keras 3 program sees the same with and without `install()`).
     """
     if self._follows_tf_keras():
-      return _tf(self.inner_optimizer.iterations)
+      return keras3_support.tf_variable(self.inner_optimizer.iterations)
+    if not keras3_support.CLASS_COUNTS_INNER_STEPS:
+      return self._own_step_count
     return self.inner_optimizer.iterations
 
   @iterations.setter
   def iterations(self, variable: Any) -> None:
     if not getattr(self, '_constructed', False):
-      # Keras before 3.9 sets a counter of its own, which never moves, while
-      # constructing: it stays in `variables` alone.
+      # Keras's constructor makes a counter of its own, tracked in
+      # `variables` (and, before 3.9, saved as `iterations`).
+      object.__setattr__(self, '_own_step_count', variable)
       return
     raise AttributeError(
         f'{type(self).__name__}.iterations cannot be replaced by '
@@ -332,7 +338,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   @property
   def dynamic_counter(self) -> Optional[tf.Variable]:
     """Finite steps since the scale last changed; None if fixed."""
-    return _tf(self.step_counter) if self._dynamic else None
+    if not self._dynamic:
+      return None
+    return keras3_support.tf_variable(self.step_counter)
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
                       name: Optional[str] = None,
@@ -417,8 +425,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         # As tf_keras: variables that are not trainable get gradients too.
         # (A Keras variable holds its tf.Variable; on Keras 3.3 a model's
         # are not instances of `keras.Variable`.)
-        tape.watch([v if isinstance(v, tf.Variable) else _tf(v)
-                    for v in var_list])
+        tape.watch([keras3_support.tf_variable(v) for v in var_list])
       scaled_loss = self.get_scaled_loss(loss)
       if callable(scaled_loss):
         scaled_loss = scaled_loss()
@@ -628,12 +635,6 @@ def _weighted_by(loss: Any, grad_loss: Any,
 
 def _is_number(value: Any) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _tf(value: Any) -> Any:
-  # A Keras variable's tf.Variable, as tf_keras's (Keras 3.3's own refuses
-  # `int()`); a computed count as it is.
-  return getattr(value, 'value', value)
 
 
 class _FixedScale(step.ScaleState):

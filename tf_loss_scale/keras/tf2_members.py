@@ -109,7 +109,12 @@ class InnerWeights:
 
 # TF 2.x's `tf.VariableAggregation` to Keras 3's names for it.
 def _aggregation_name(aggregation: Any) -> str:
-  return getattr(aggregation, 'name', str(aggregation)).lower()
+  # Imported here: it refuses Keras 2, which the other mixins here serve.
+  from tf_loss_scale.keras import keras3_support  # pylint: disable=g-import-not-at-top
+  name = getattr(aggregation, 'name', str(aggregation)).lower()
+  if name == 'none' and not keras3_support.VARIABLES_TAKE_AGGREGATION_NONE:
+    return 'mean'  # Keras's default, which reached TensorFlow as NONE.
+  return name
 
 
 class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
