@@ -16,9 +16,11 @@ scales' `get_config()` must hold the original's entries (the inner
 optimizer by class name). What TF 2.x's optimizer members
 (`get_weights`, `weights`, `get_slot`, `set_weights`, `minimize` with
 `grad_loss`, `add_slot`, `lr`, `decay`, `variables()`) return after a step
-must be, on Keras 3, the original's, entry by entry (floats within the same
-tolerance; an error as its class name), but where listed by design
-(AS_AROUND_LEGACY, MEMBERS_DIFFER). Without the
+must be the original's, entry by entry (floats within the same tolerance;
+an error as its class name), but where listed by design (AS_AROUND_LEGACY,
+MEMBERS_DIFFER): on Keras 3 for both Keras forms, under tf_keras for the
+experimental one. The slots of each TF 2.x optimizer that keeps them, read
+by TF 2.x's names after one step, must be the original's. Without the
 originals' JSON these tests skip, saying so, unless
 TF_LOSS_SCALE_REQUIRE_ORIGINALS=1 (as in CI), where they fail.
 """
@@ -198,10 +200,11 @@ AS_AROUND_LEGACY = {
                   'set_weights then get_slot momentum', 'second step',
                   'minimize with grad_loss', 'add_slot', 'decay')}
 # Entries where ours differs by design, and why.
-_KERAS_3_NAMES = ("ours' variables are the Keras 3 inner optimizer's own, "
-                  "named as Keras 3 names them: `iteration`, `v_momentum`")
+_KERAS_NAMES = ("ours' variables are the inner optimizer's own, named as "
+                'its Keras names them: `iteration`, and a slot after its '
+                'variable (`v_momentum` in Keras 3)')
 MEMBERS_DIFFER = {
-    (original_name, entry): _KERAS_3_NAMES
+    (original_name, entry): _KERAS_NAMES
     for _, original_name in MEMBER_PAIRS
     for entry in ('weights names', 'variables() names')}
 
@@ -247,6 +250,43 @@ def test_keras_3_members_as_the_original(ours_keras_3, originals, ours_name,
                                          original_name):
   assert _member_mismatches(ours_name, ours_keras_3[ours_name],
                             original_name, originals) == []
+
+
+@(versions.KERAS_3 & versions.TF_KERAS_INSTALLED).mark
+def test_tf_keras_members_as_the_original(ours_tf_keras, originals):
+  # Under tf_keras the experimental form is ours around tf_keras's new
+  # optimizers (the TF 2.4-2.15 form is tf_keras's own class).
+  assert _member_mismatches('members experimental',
+                            ours_tf_keras['members experimental'],
+                            'members experimental', originals) == []
+
+
+# (Keras, ours) -> the original's slots, after one step of each optimizer
+# of TF 2.x that keeps slots: the names (TF 2.x's, in the original's order)
+# and each slot's value read by that name.
+SLOT_PAIRS = (
+    pytest.param('Keras 3', 'slots experimental', 'slots experimental',
+                 marks=versions.KERAS_3.mark),
+    pytest.param('Keras 3', 'slots mixed_precision',
+                 'slots mixed_precision legacy', marks=versions.KERAS_3.mark),
+    pytest.param('tf_keras', 'slots experimental', 'slots experimental',
+                 marks=(versions.KERAS_3 & versions.TF_KERAS_INSTALLED).mark))
+
+
+@pytest.mark.parametrize('keras_name, ours_name, original_name', SLOT_PAIRS)
+def test_slots_by_tf2_names_as_the_original(request, originals, keras_name,
+                                            ours_name, original_name):
+  ours = request.getfixturevalue(
+      'ours_keras_3' if keras_name == 'Keras 3' else 'ours_tf_keras')
+  mine, theirs = ours[ours_name], originals[original_name]
+  assert sorted(mine) == sorted(theirs)
+  for optimizer in theirs:
+    assert mine[optimizer]['names'] == theirs[optimizer]['names'], optimizer
+    for slot in theirs[optimizer]['names']:
+      assert _same(mine[optimizer][slot], theirs[optimizer][slot]), (
+          f'{keras_name} {optimizer} slot {slot}: ours '
+          f'{mine[optimizer][slot]}, the original '
+          f'{theirs[optimizer][slot]}')
 
 
 def test_compare_finds_a_difference():

@@ -297,6 +297,36 @@ def members(make, sgd, make_variable):
   return record
 
 
+# TF 2.x's optimizers with slots, each as a program made it.
+SLOTTED = (('SGD', {'momentum': 0.9}), ('Adam', {'amsgrad': True}),
+           ('Adamax', {}), ('Nadam', {}),
+           ('RMSprop', {'momentum': 0.9, 'centered': True}), ('Adagrad', {}),
+           ('Adadelta', {}), ('Ftrl', {}))
+
+
+def slots(make, optimizers, make_variable):
+  """Each optimizer's slot names and slots, by name, after one step.
+
+  `make(inner)` wraps `optimizers.NAME(**arguments)` (SLOTTED) in a dynamic
+  loss scale optimizer; one step of the loss `sum(v * v)` from
+  `v = [1., 2.]`. Records {name: {'names': get_slot_names(), slot name:
+  its value}}.
+  """
+  record = {}
+  for name, arguments in SLOTTED:
+    opt = make(getattr(optimizers, name)(**arguments))
+    v = make_variable(INITIAL_WEIGHTS, name='v')
+    with tf.GradientTape() as tape:
+      scaled = opt.get_scaled_loss(tf.reduce_sum(v * v))
+    grads = opt.get_unscaled_gradients(tape.gradient(scaled, [v]))
+    opt.apply_gradients(zip(grads, [v]))
+    names = list(opt.get_slot_names())
+    record[name] = dict({'names': names},
+                        **{slot: _plain(opt.get_slot(v, slot))
+                           for slot in names})
+  return record
+
+
 def originals():
   """{scenario: trace} on the original TensorFlow running this."""
   version = '.'.join(tf.__version__.split('.')[:2])
@@ -319,6 +349,9 @@ def originals():
     traces['members experimental'] = members(
         lambda inner: keras.mixed_precision.experimental.LossScaleOptimizer(
             inner, 'dynamic'), keras.optimizers.SGD, tf.Variable)
+    traces['slots experimental'] = slots(
+        lambda inner: keras.mixed_precision.experimental.LossScaleOptimizer(
+            inner, 'dynamic'), keras.optimizers, tf.Variable)
     return traces
   if version == '2.15':
     traces, makes = {}, {}
@@ -333,6 +366,9 @@ def originals():
       makes['mixed_precision ' + label] = make
       traces['members mixed_precision ' + label] = members(
           keras.mixed_precision.LossScaleOptimizer, sgd, tf.Variable)
+    traces['slots mixed_precision legacy'] = slots(
+        keras.mixed_precision.LossScaleOptimizer, keras.optimizers.legacy,
+        tf.Variable)
     traces['configs tf2.15'] = configs(makes, None)
     return traces
   raise SystemExit('not an original: TensorFlow %s' % tf.__version__)
@@ -391,10 +427,15 @@ def ours():
   traces['members experimental'] = members(
       lambda inner: experimental.LossScaleOptimizer(inner, 'dynamic'),
       keras.optimizers.SGD, make_variable)
+  traces['slots experimental'] = slots(
+      lambda inner: experimental.LossScaleOptimizer(inner, 'dynamic'),
+      keras.optimizers, make_variable)
   if not legacy:
     traces['members mixed_precision'] = members(
         mixed_precision.LossScaleOptimizer, keras.optimizers.SGD,
         make_variable)
+    traces['slots mixed_precision'] = slots(
+        mixed_precision.LossScaleOptimizer, keras.optimizers, make_variable)
   makes = {'experimental': make_experimental}
   if not legacy:
     makes['mixed_precision'] = make_mixed

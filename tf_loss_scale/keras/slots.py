@@ -8,11 +8,16 @@ slot after its variable) and, among variables that share a name, by shape
 and by the order of the build's variables, in which Keras optimizers create
 their slots. Nothing of the inner optimizer is
 patched or read but its public `build` and `variables`.
+
+A slot is known by the name TF 2.x's optimizers (OptimizerV2) gave it
+(Adam's `m` and `v`), which the programs that call `get_slot` use; the
+name the inner optimizer gives it (Keras 3's `momentum` and `velocity`)
+finds it too (`tf2_slot_names`).
 """
 
 import contextlib
-from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Sequence,
-                    Tuple)
+from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 
 class SlotNaming(NamedTuple):
@@ -52,6 +57,37 @@ def _keras2_splits(name: str) -> List[Tuple[str, str]]:
 # its output index.
 KERAS2 = SlotNaming(key=lambda var: var.name.partition(':')[0],
                     splits=_keras2_splits)
+
+
+# The slots Keras 3's optimizers, or Keras 2's new ones, name otherwise than
+# TF 2.x's optimizers of the same name: the optimizer's name -> {their name
+# for a slot: TF 2.x's}. (SGD's momentum is `m` in Keras 2's new SGD; the
+# infinity norm of Adamax is Keras 3's `norm`, Keras 2's `u`.)
+_TF2_SLOT_NAMES = {
+    'SGD': {'m': 'momentum'},
+    'Adam': {'momentum': 'm', 'velocity': 'v', 'velocity_hat': 'vhat'},
+    'Adamax': {'momentum': 'm', 'norm': 'v', 'u': 'v'},
+    'Nadam': {'momentum': 'm', 'velocity': 'v'},
+    'RMSprop': {'velocity': 'rms', 'average_gradient': 'mg'},
+    'Adadelta': {'accumulated_grad': 'accum_grad',
+                 'accumulated_delta_var': 'accum_var'},
+}
+
+
+def tf2_slot_names(optimizer: Any) -> Dict[str, str]:
+  """TF 2.x's names for the slots `optimizer` names otherwise.
+
+  Args:
+    optimizer: A Keras optimizer, of Keras 3 or Keras 2.
+
+  Returns:
+    {its name for a kind of slot: TF 2.x's}, for the Keras optimizer class
+    it is or extends; empty for one TF 2.x's optimizers did not have.
+  """
+  for cls in type(optimizer).__mro__:
+    if cls.__module__.split('.')[0] in ('keras', 'tf_keras'):
+      return _TF2_SLOT_NAMES.get(cls.__name__, {})
+  return {}
 
 
 def owners(var_list: Sequence[Any], created: Sequence[Any],
@@ -98,15 +134,21 @@ def _shape(variable: Any) -> Tuple[Any, ...]:
 
 
 class SlotTable:
-  """Slots by (variable identity, slot name)."""
+  """Slots by (variable identity, slot name).
 
-  def __init__(self):
+  Args:
+    renamed: {another name for a kind of slot: the name it is kept under}.
+  """
+
+  def __init__(self, renamed: Optional[Dict[str, str]] = None):
+    self._renamed = dict(renamed or {})
     # id(variable) -> (variable, {slot name: slot}); the variable is kept so
     # that its id is never reused for another while the table lives.
     self._by_variable: Dict[int, Tuple[Any, Dict[str, Any]]] = {}
 
   def add(self, variable: Any, name: str, slot: Any) -> None:
     """Records `slot` as the slot `name` of `variable`."""
+    name = self._renamed.get(name, name)
     self._by_variable.setdefault(id(variable), (variable, {}))[1][name] = slot
 
   def get(self, variable: Any, name: str) -> Any:
@@ -123,15 +165,16 @@ class SlotTable:
           'optimizer built before it was wrapped has no slots known by '
           'variable).')
     slots = variable_and_slots[1]
+    name = self._renamed.get(name, name)
     if name not in slots:
       raise KeyError(f'No slot {name!r} for {_describe(variable)}; slots: '
                      f'{sorted(slots)}.')
     return slots[name]
 
   def names(self) -> List[str]:
-    """The sorted names of the slots recorded."""
-    return sorted({name for _, slots in self._by_variable.values()
-                   for name in slots})
+    """The names of the slots recorded, in the order first recorded."""
+    return list(dict.fromkeys(name for _, slots in self._by_variable.values()
+                              for name in slots))
 
 
 class SlotsByVariable:
@@ -140,14 +183,16 @@ class SlotsByVariable:
   A mixin placed before a wrapper's bases: it keeps a `SlotTable` of the
   inner optimizer's slots, filled when the inner optimizer is built
   (`build`, or `_build_inner`).
-  A class using it says how its Keras names slots in `_slot_naming`.
+  A class using it says how its Keras names slots in `_slot_naming`. Slots
+  are known by TF 2.x's names, and by the inner optimizer's.
   """
 
   _slot_naming: SlotNaming
 
   def __init__(self, *args: Any, **kwargs: Any):
     super().__init__(*args, **kwargs)
-    object.__setattr__(self, '_slots', SlotTable())
+    object.__setattr__(self, '_slots', SlotTable(
+        tf2_slot_names(self.inner_optimizer)))
 
   def _build_inner(self, var_list: Sequence[Any]) -> None:
     """Builds the inner optimizer for `var_list`, recording its slots."""
@@ -203,7 +248,7 @@ class SlotsByVariable:
     return self._slots.get(var, slot_name)
 
   def get_slot_names(self) -> List[str]:
-    """Returns the sorted names of the inner optimizer's slots."""
+    """Returns the names of the inner optimizer's slots (TF 2.x's)."""
     return self._slots.names()
 
 
