@@ -192,21 +192,27 @@ MEMBER_PAIRS = (
 # members of its class around a legacy one that these entries use (an
 # AttributeError, and a TypeError for `minimize`'s `grad_loss`); ours adds
 # them (docs/differences.md: "TF 2.4-2.15's members that Keras 3's class
-# lacks are added"), so there it must record what the legacy one did. The
-# second step follows the momentum that `set_weights` wrote.
+# lacks are added"), and forwards `momentum` as TF 2.4-2.10's class did, so
+# there it must record what the legacy one did. The second step follows the
+# momentum that `set_weights` wrote.
 AS_AROUND_LEGACY = {
     ('members mixed_precision new', entry): 'members mixed_precision legacy'
     for entry in ('get_weights', 'get_slot momentum', 'get_slot_names',
                   'set_weights then get_slot momentum', 'second step',
-                  'minimize with grad_loss', 'add_slot', 'decay')}
+                  'minimize with grad_loss', 'add_slot', 'decay',
+                  'momentum', 'momentum = 0.5, then the momentum')}
 # Entries where ours differs by design, and why.
 _KERAS_NAMES = ("ours' variables are the inner optimizer's own, named as "
                 'its Keras names them: `iteration`, and a slot after its '
                 'variable (`v_momentum` in Keras 3)')
 MEMBERS_DIFFER = {
-    (original_name, entry): _KERAS_NAMES
-    for _, original_name in MEMBER_PAIRS
-    for entry in ('weights names', 'variables() names')}
+    **{(original_name, entry): _KERAS_NAMES
+       for _, original_name in MEMBER_PAIRS
+       for entry in ('weights names', 'variables() names')},
+    **{('members experimental', entry): (
+        "ours reads and writes the inner optimizer's hyperparameters, where "
+        "TF 2.3's forwarded the learning rate only (docs/migrating_tf23.md)")
+       for entry in ('momentum', 'momentum = 0.5, then the momentum')}}
 
 
 def _same(mine, theirs):

@@ -215,7 +215,7 @@ def members(make, sgd, make_variable):
   after one step, reads `get_weights()`, the names of `weights`, the
   momentum slot and slot names; `set_weights` with the slot replaced, a
   second step, `minimize` with `grad_loss`, `add_slot`; `lr` and `decay`,
-  and a write of `lr`. Then, on a fresh optimizer after one step, the names
+  a write of `lr`, `momentum` and a write of it. Then, on a fresh optimizer after one step, the names
   of `variables()`, and the loss scale, iterations and learning rate after
   each of those variables is set to zero. A member that fails records
   {'error': the exception's class name}, and the next ones still run.
@@ -278,6 +278,14 @@ def members(make, sgd, make_variable):
     return float(_plain(inner.learning_rate))
 
   entry('lr = 0.05, then the learning rate', write_lr)
+  entry('momentum', lambda: float(_plain(opt.momentum)))
+
+  def write_momentum():
+    opt.momentum = 0.5
+    return {'wrapper': float(_plain(opt.momentum)),
+            'inner': float(_plain(inner.momentum))}
+
+  entry('momentum = 0.5, then the momentum', write_momentum)
 
   inner = sgd(0.1, momentum=0.9)
   fresh = make(inner)
