@@ -215,9 +215,10 @@ def members(make, sgd, make_variable):
   after one step, reads `get_weights()`, the names of `weights`, the
   momentum slot and slot names; `set_weights` with the slot replaced, a
   second step, `minimize` with `grad_loss`, `add_slot`; `lr` and `decay`,
-  a write of `lr`, `momentum` and a write of it. Then, on a fresh optimizer after one step, the names
-  of `variables()`, and the loss scale, iterations and learning rate after
-  each of those variables is set to zero. A member that fails records
+  a write of `lr`, `momentum` and a write of it. Then, on a fresh optimizer
+  after one step, the names of `variables()`, and the loss scale,
+  iterations and learning rate after each of those variables is set to
+  zero. A member that fails records
   {'error': the exception's class name}, and the next ones still run.
   """
   record = {}
