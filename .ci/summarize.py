@@ -18,7 +18,8 @@ _RUNS = {
     'tf212': ('tf212', 'heavy files, legacy programs and compat_keras left '
               'to readme and tf215'),
     'tf215': ('tf215', 'heavy files left to readme'),
-    'tf216': ('tf216', 'heavy files and tf_keras children left to readme'),
+    'tf216': ('tf216', 'heavy files but the file matrix and Keras files '
+              'with install(), and tf_keras children, left to readme'),
     'tf221-legacy': ('readme', 'the README\'s .venv, TF_USE_LEGACY_KERAS=1; '
                      'the files that reach tf.keras in their own process'),
     'originals': ('readme', "tests/test_surface.py, tests/test_traces.py "
