@@ -302,6 +302,10 @@ def test_slots_weights_and_variables():
   extra = opt.add_slot(var, 'extra', initializer='ones')
   assert opt.get_slot(var, 'extra') is extra
   assert extra.numpy().tolist() == [1.0, 1.0]
+  # As TF 2.x's add_slot: a slot the variable has is returned, not made.
+  assert opt.add_slot(var, 'extra') is extra
+  assert opt.add_slot(var, 'm') is opt.get_slot(var, 'm')
+  assert opt.get_slot_names() == ['m', 'v', 'extra']
   # As TF 2.3's: the inner optimizer's variables but its hyperparameters
   # (Keras 3 keeps the learning rate in one).
   assert opt.weights == [v for v in inner.variables
