@@ -151,13 +151,6 @@ class SlotTable:
     name = self._renamed.get(name, name)
     self._by_variable.setdefault(id(variable), (variable, {}))[1][name] = slot
 
-  def has(self, variable: Any, name: str) -> bool:
-    """Whether `variable` has a slot `name` here."""
-    variable_and_slots = self._by_variable.get(id(variable))
-    return (variable_and_slots is not None and
-            variable_and_slots[0] is variable and
-            self._renamed.get(name, name) in variable_and_slots[1])
-
   def get(self, variable: Any, name: str) -> Any:
     """Returns the slot `name` of `variable`.
 
@@ -239,9 +232,10 @@ class SlotsByVariable:
       slot_name: The slot's name.
       initializer: A Keras initializer or its name.
     """
-    if self._slots.has(var, slot_name):
+    try:
       return self._slots.get(var, slot_name)
-    slot = self._new_slot(var, slot_name, initializer)
+    except KeyError:
+      slot = self._new_slot(var, slot_name, initializer)
     self._slots.add(var, slot_name, slot)
     return slot
 
