@@ -130,10 +130,6 @@ def test_the_wrapper_holds_no_state_the_inner_optimizer_holds(family):
   assert isinstance(held.pop('_loss_scale'), tf_loss_scale.FixedLossScale)
   assert 'learning_rate' in held.pop('_forwarded_names')
   slot_table = held.pop('_slots', None)
-  # The scaling protocol's record of the step, emptied by the apply
-  # (keras/protocols.py).
-  assert (held.pop('_this_step'), held.pop('_this_step_calls')) == (
-      None, frozenset())
   assert held == {}, f'state of its own: {sorted(held)}'
   if slot_table is not None:
     # An index of the inner optimizer's own slot variables, by variable.

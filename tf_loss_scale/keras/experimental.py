@@ -35,8 +35,6 @@ from tf_loss_scale.keras import tf2_members
 LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
                           Dict[str, Any]]
 
-# Config entries that describe the inner optimizer rather than tune it.
-_NOT_HYPERPARAMETERS = frozenset({'name', 'is_legacy_optimizer'})
 # TF 2.3's names for settings of the inner optimizer.
 _TF23_FORWARDED = frozenset({'learning_rate', 'lr', 'clipnorm', 'clipvalue',
                              'global_clipnorm', 'iterations'})
@@ -71,11 +69,11 @@ def forwarded_names(inner_optimizer: Any,
       optimizer's.
 
   Returns:
-    Its hyperparameters, TF 2.3's forwarded names and `inner_methods`.
+    Its settings (`tf2_members.settings_of`), TF 2.3's forwarded names and
+    `inner_methods`.
   """
-  hyperparameters = frozenset(inner_optimizer.get_config()) - (
-      _NOT_HYPERPARAMETERS)
-  return hyperparameters | _TF23_FORWARDED | frozenset(inner_methods)
+  settings, _ = tf2_members.settings_of(inner_optimizer)
+  return settings | _TF23_FORWARDED | frozenset(inner_methods)
 
 
 class LossScaleOptimizer(protocols.TwoProtocols,
@@ -96,8 +94,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   A step whose gradients (summed across replicas) are not all finite is
   skipped; `iterations` counts every call. Everything else is the inner
   optimizer's, and so is the checkpoint, plus a `loss_scale` dependency (TF
-  2.3's layout). `apply_gradients` takes unscaled gradients unless
-  `scale_loss` was called (`tf_loss_scale.keras.protocols`).
+  2.3's layout). `apply_gradients` takes unscaled gradients, but in the
+  step of a `scale_loss` (Keras 3's `fit`); `apply`, gradients of the
+  scaled loss (`tf_loss_scale.keras.protocols`).
   See docs/migrating_tf23.md.
   """
 
@@ -203,6 +202,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def _current_scale(self) -> tf.Tensor:
     return self._loss_scale()
 
+  def _follows_tensorflow(self) -> bool:
+    return True  # TF 2.3's constructor: `apply_gradients` takes unscaled.
+
   def _unscaled_gradients_of(self, loss: Any, var_list: Any,
                              tape: Optional[tf.GradientTape],
                              grad_loss: Optional[tf.Tensor] = None
@@ -261,12 +263,12 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def _apply_step(self, grads: Sequence[Any],
                   apply_inner: Callable[[List[Any]], Any],
                   inner_sums: bool = False, summed: bool = False,
-                  variables: Optional[Sequence[Any]] = None
-                 ) -> Optional[tf.Operation]:
-    """Runs the step on unscaled gradients, in a replica context.
+                  variables: Optional[Sequence[Any]] = None,
+                  method: Optional[str] = None) -> Optional[tf.Operation]:
+    """Runs the step on the gradients, in a replica context.
 
     Args:
-      grads: One unscaled gradient per variable.
+      grads: One gradient per variable (unscaled unless `method` says so).
       apply_inner: Applies a list of gradients like `grads` with the inner
         optimizer, in a replica context.
       inner_sums: Whether `apply_inner` sums the gradients across replicas
@@ -275,6 +277,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       summed: Whether `grads` are sums the caller made: the step decides on
         them as they are and `apply_inner` applies them, summing nothing.
       variables: The gradients' variables, to name them in a skip report.
+      method: As `protocols.TwoProtocols._scaled_flags` takes it: `apply`
+        for gradients of the scaled loss, None for unscaled ones.
 
     Returns:
       In a TF1 graph, one op that runs the step; None otherwise.
@@ -289,7 +293,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     distribute.require_replica_context(where)
     outcome = step.apply_step(
         grads, step.LossScaleState(self._loss_scale), apply_inner,
-        scaled=self._scaled_flags(grads, variables), reduces=inner_sums,
+        scaled=self._scaled_flags(grads, variables, method),
+        reduces=inner_sums,
         summed=summed, on_skip=lambda _: self._on_skipped_step(),
         names=(None if variables is None else
                step_record.gradient_names(variables)),

@@ -114,10 +114,11 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
 
   def apply(self, grads: Sequence[Any],
             trainable_variables: Optional[Sequence[Any]] = None) -> None:
-    """Applies the gradients if their sums are all finite.
+    """Applies gradients of the scaled loss if their sums are all finite.
 
-    Call it in a replica context. The gradients are unscaled, or after
-    `scale_loss` of the scaled loss (`tf_loss_scale.keras.protocols`).
+    Call it in a replica context. As Keras 3's `apply` (which `fit` calls
+    after `scale_loss`), it takes gradients of the scaled loss and unscales
+    them (`tf_loss_scale.keras.protocols`).
 
     Args:
       grads: One gradient per variable (None allowed).
@@ -128,6 +129,12 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
       ValueError: In a cross-replica context, under an unsupported strategy,
         or without variables before the optimizer is built.
     """
+    self._apply(grads, trainable_variables, method='apply')
+
+  def _apply(self, grads: Sequence[Any],
+             trainable_variables: Optional[Sequence[Any]],
+             method: Optional[str]) -> None:
+    """`apply`, or with `method` None `apply_gradients` (unscaled ones)."""
     grads = list(grads)
     if trainable_variables is None:
       if not self.built:
@@ -145,7 +152,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
     # Keras 3's apply sums the gradients across replicas itself.
     self._apply_step(
         grads, lambda g: self.inner_optimizer.apply(g, trainable_variables),
-        inner_sums=True, variables=trainable_variables)
+        inner_sums=True, variables=trainable_variables, method=method)
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
                       name: Optional[str] = None,
@@ -172,7 +179,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
           'per-replica gradients instead.')
     pairs = list(grads_and_vars)
     with tf.name_scope(name or self.name):
-      self.apply([g for g, _ in pairs], [v for _, v in pairs])
+      self._apply([g for g, _ in pairs], [v for _, v in pairs], method=None)
     return self.iterations
 
   def _on_skipped_step(self) -> Any:
