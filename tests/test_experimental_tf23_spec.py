@@ -243,15 +243,18 @@ def test_iterations_count_applied_and_skipped_steps(runner):
   assert runner.value(opt.iterations) == 2
 
 
-def test_weight_methods_are_the_inner_optimizers():
-  var = tf.Variable([1.0])
-  opt = LossScaleOptimizer(SGD(1.0), _dynamic(2.0, 1, 4.0))
-  opt.minimize(lambda: var * 2, [var])
+def test_weight_methods_are_the_inner_optimizers(runner):
+  with runner.scope():
+    var = tf.Variable([1.0])
+    opt = LossScaleOptimizer(SGD(1.0), _dynamic(2.0, 1, 4.0))
+  runner.run(lambda: opt.minimize(lambda: var * 2, [var]))
   assert len(opt.weights) == 1  # iterations
-  assert int(opt.weights[0]) == 1 and opt.get_weights()[0] == 1
-  assert int(opt.variables()[0]) == 1
+  assert int(runner.value(opt.weights[0])) == 1
+  assert opt.get_weights()[0] == 1
+  assert int(runner.value(opt.variables()[0])) == 1
+  # In a TF1 graph too, as TF 2.3's, through Keras's session.
   opt.set_weights([np.array(2)])
-  assert int(opt.variables()[0]) == 2
+  assert int(runner.value(opt.variables()[0])) == 2
 
 
 def test_none_is_not_a_loss_scale():

@@ -335,7 +335,7 @@ def test_keras_file_round_trips_the_optimizer_and_its_state(tmp_path):
 
 
 @pytest.mark.parametrize('form', ['mixed_precision', 'experimental'])
-def test_mixing_the_protocols_in_one_step_is_refused_where_it_happens(form):
+def test_apply_gradients_follows_the_latest_scaling_call_in_its_graph(form):
   var = keras.Variable(np.float32(1.0))
   if form == 'mixed_precision':
     opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
@@ -347,26 +347,30 @@ def test_mixing_the_protocols_in_one_step_is_refused_where_it_happens(form):
     loss = opt.scale_loss(var * 3.0)
   grads = tape.gradient(loss, [var])
   assert float(grads[0]) == 12.0
-  with pytest.raises(RuntimeError, match=r'get_unscaled_gradients\(\) cannot '
-                     'follow a call of scale_loss in the same step'):
-    opt.get_unscaled_gradients(grads)
-  with pytest.raises(RuntimeError, match=r'get_scaled_loss\(\) cannot follow'):
-    opt.get_scaled_loss(var * 3.0)
-  # The apply after scale_loss unscales; the next, with no scaling call in
-  # its step, takes the gradients as given (nothing carries over).
+  # Every apply after scale_loss (eagerly, as it was) unscales: an apply
+  # consumes nothing.
   opt.apply_gradients(zip(grads, [var]))
   opt.apply_gradients(zip(grads, [var]))
-  assert float(var.numpy()) == 1.0 - 3.0 - 12.0
-  # The next step may follow TensorFlow's protocol, and its mix-up raises.
+  assert float(var.numpy()) == 1.0 - 3.0 - 3.0
+  # TensorFlow's protocol: the apply takes the unscaled gradients as given.
   with tf.GradientTape() as tape:
     loss = opt.get_scaled_loss(var * 2.0)
-  with pytest.raises(RuntimeError, match=r'scale_loss\(\) cannot follow a '
-                     'call of get_scaled_loss/get_unscaled_gradients'):
-    opt.scale_loss(var * 2.0)
   unscaled = opt.get_unscaled_gradients(tape.gradient(loss, [var]))
   assert float(unscaled[0]) == 2.0
   opt.apply_gradients(zip(unscaled, [var]))
-  assert float(var.numpy()) == -14.0 - 2.0
+  assert float(var.numpy()) == -5.0 - 2.0
+  # A scale_loss traced in a function (as `fit` traces it) is followed by
+  # the apply in that function, not by an eager one.
+  @tf.function
+  def keras3_step():
+    with tf.GradientTape() as tape:
+      loss = opt.scale_loss(var * 1.0)
+    opt.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
+
+  keras3_step()
+  assert float(var.numpy()) == -7.0 - 1.0
+  opt.apply_gradients([(tf.constant(1.0), var)])
+  assert float(var.numpy()) == -8.0 - 1.0
 
 
 def _mirrored_trajectory(strategy, make, mode):
@@ -497,6 +501,24 @@ def test_config_is_keras_s_and_tf_keras_configs_load(options):
         options.get('dynamic', True), options.get('initial_scale', 2.0**15))
   assert keras.optimizers.deserialize(
       keras.optimizers.serialize(opt)).get_config() == opt.get_config()
+
+
+def test_a_tf_keras_config_with_a_schedule_loads_the_schedule():
+  schedule = tf_keras.optimizers.schedules.ExponentialDecay(0.5, 4, 0.5)
+  config = json.loads(json.dumps(tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.SGD(schedule, momentum=0.5),
+      initial_scale=8).get_config()))
+  assert config['inner_optimizer']['config']['learning_rate']['config'][
+      'name'] is None  # tf_keras's default, which Keras 3 refuses.
+  opt = mixed_precision.LossScaleOptimizer.from_config(config)
+  learning_rate = opt.inner_optimizer._learning_rate  # pylint: disable=protected-access
+  assert isinstance(learning_rate,
+                    keras.optimizers.schedules.ExponentialDecay)
+  # 0.5 * 0.5 ** (step / 4), read at the inner optimizer's count.
+  assert [float(learning_rate(step)) for step in (0, 4, 8)] == [
+      0.5, 0.25, 0.125]
+  assert float(opt.inner_optimizer.learning_rate) == 0.5
+  assert float(opt.loss_scale) == 8.0
 
 
 def test_config_refuses_a_base_optimizer_setting():
@@ -784,12 +806,12 @@ def test_minimize_follows_tensorflows_protocol_for_its_step():
                                            initial_scale=4)
   var = keras.Variable(1.0)
   opt.scale_loss(var * 1.0)
-  with pytest.raises(RuntimeError, match=r'get_scaled_loss\(\) cannot follow '
-                     'a call of scale_loss'):
-    opt.minimize(lambda: var * 3.0, [var])
-  opt.apply_gradients([(tf.constant(4.0), var)])  # Ends that step: 4 / 4.
+  opt.apply_gradients([(tf.constant(4.0), var)])  # Of the scaled loss: 4 / 4.
+  # minimize scales, differentiates and unscales: 3 is applied, and so is
+  # the next plain gradient.
   opt.minimize(lambda: var * 3.0, [var])
-  assert float(var.numpy()) == 1.0 - 1.0 - 3.0
+  opt.apply_gradients([(tf.constant(4.0), var)])
+  assert float(var.numpy()) == 1.0 - 1.0 - 3.0 - 4.0
 
 
 def _minimize_on_replicas(make_opt, make_var, loss_kind):
@@ -1116,9 +1138,7 @@ def test_a_float16_sum_past_its_range_skips_as_tf_keras(mirrored_strategy,
   expected = [([[1.0, 2.0]] * 2, 1.0),  # Skipped: the float16 sum is inf.
               ([[0.0, 1.0]] * 2, 1.0)]  # The sum 2, at a rate of 0.5.
   assert _float16_on_replicas(mirrored_strategy, theirs) == expected
-  if protocol == 'keras3':
-    # No TF 2.4-2.15 method called: Keras's scale, which has no floor.
-    expected = [(weights, 0.5) for weights, _ in expected]
+  # TF 2.4-2.15's class: its dynamic scale stays at its floor of 1.
   assert _float16_on_replicas(mirrored_strategy, ours) == expected
 
 

@@ -7,6 +7,7 @@ second as tf_keras's class. Each test feeds the same losses to the peer.
 """
 
 import logging
+import warnings
 
 import keras
 import numpy as np
@@ -22,6 +23,8 @@ versions.TF_KERAS_INSTALLED.require()
 import tf_keras
 from tf_loss_scale.keras import mixed_precision
 from tf_loss_scale.keras import shared_name
+import tf_loss_scale.keras  # pylint: disable=g-bad-import-order
+import tf_loss_scale.keras.experimental  # pylint: disable=g-bad-import-order
 # pylint: enable=g-import-not-at-top,wrong-import-order
 
 # Per step, what the loss multiplies each float16 weight by: at a scale of
@@ -264,7 +267,10 @@ def test_a_forgotten_scaling_method_is_named_as_tf_keras_names_it(
   caplog.set_level(logging.WARNING)
   theirs = tf_keras.mixed_precision.LossScaleOptimizer(
       tf_keras.optimizers.SGD())
-  ours = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD())
+  # TF 2.4-2.15's `dynamic=`: its protocol from the start, even before a
+  # scaling method is called (without it, Keras's class: no warning).
+  ours = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(),
+                                            dynamic=True)
   for opt, var in ((theirs, tf.Variable([1.0])),
                    (ours, keras.Variable([1.0]))):
     messages = _warnings(caplog, opt, var, calls)
@@ -277,10 +283,11 @@ def test_a_forgotten_scaling_method_is_named_as_tf_keras_names_it(
 
 
 # ---- Keras's class until a TF 2.4-2.15 method is called ---------------------
-# Under `compat.install()` this class is `keras.mixed_precision.
+# Under `compat.install()` `shared_name`'s class is `keras.mixed_precision.
 # LossScaleOptimizer`: a Keras 3 program that calls no TF 2.4-2.15 method
 # must see Keras's class (`tests/test_compat_keras_behaviour.py` runs these
-# programs under that name).
+# programs under that name). The library's own TF 2.4-2.15 class is
+# tf_keras's from the start.
 
 
 def _caller_scaled_steps(opt, apply):
@@ -340,10 +347,17 @@ def test_apply_gradients_takes_plain_gradients_after_fit_as_tf_keras():
     return (np.asarray(kernel.numpy()) - before).tolist()
 
   ours = run(keras, mixed_precision.LossScaleOptimizer(
-      keras.optimizers.SGD(0.5)))
+      keras.optimizers.SGD(0.5), dynamic=True))
   theirs = run(tf_keras, tf_keras.mixed_precision.LossScaleOptimizer(
       tf_keras.optimizers.SGD(0.5)))
   assert ours == theirs == [[-0.5, -0.5]] * 3
+  # The class under Keras's name, constructed as Keras 3's, no TF 2.4-2.15
+  # method called: the gradients are of the scaled loss (2**15), as
+  # Keras's class takes them.
+  as_keras = run(keras, shared_name.LossScaleOptimizer(
+      keras.optimizers.SGD(0.5)))
+  assert as_keras == run(keras, keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.SGD(0.5))) == [[-0.5 / 2**15, -0.5 / 2**15]] * 3
 
 
 def _scales_after_overflows(opt, tf24_call):
@@ -368,7 +382,7 @@ def test_a_dynamic_scale_has_keras_floor_until_a_tf24_method_is_called():
   # Keras's class halves past 1 (its scale has no floor).
   assert _scales_after_overflows(make(keras), False) == [0.5, 0.25]
   assert _scales_after_overflows(
-      mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+      shared_name.LossScaleOptimizer(keras.optimizers.SGD(1.0),
                                          initial_scale=1.0),
       False) == [0.5, 0.25]
   # tf_keras's stops at 1; so does this class once TF 2.4-2.15's methods
@@ -378,7 +392,7 @@ def test_a_dynamic_scale_has_keras_floor_until_a_tf24_method_is_called():
   theirs.apply_gradients([(tf.constant([np.inf]), var)])
   assert float(theirs.loss_scale) == 1.0
   assert _scales_after_overflows(
-      mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0),
+      shared_name.LossScaleOptimizer(keras.optimizers.SGD(1.0),
                                          initial_scale=1.0),
       True) == [1.0, 1.0]
 
@@ -411,7 +425,7 @@ def test_positional_arguments_are_keras_3s_for_a_number_tf24s_for_a_bool():
 
 
 def test_iterations_is_a_keras_variable_until_a_tf24_method_is_called():
-  ours = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD())
+  ours = shared_name.LossScaleOptimizer(keras.optimizers.SGD())
   keras_class = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
   assert type(ours.iterations) is type(keras_class.iterations)
   for opt in (ours, keras_class):
@@ -421,7 +435,7 @@ def test_iterations_is_a_keras_variable_until_a_tf24_method_is_called():
   ours.get_scaled_loss(tf.constant(1.0))
   assert isinstance(ours.iterations, tf.Variable)
   assert isinstance(
-      mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(),
+      shared_name.LossScaleOptimizer(keras.optimizers.SGD(),
                                          dynamic=True).iterations,
       tf.Variable)
 
@@ -467,3 +481,135 @@ def test_mismatched_counts_are_named_as_counts():
   with pytest.raises(ValueError,
                      match=r'apply\(\) got 2 gradients for 1 variables'):
     opt.apply([tf.constant([1.0]), tf.constant([1.0])], [var])
+
+
+# ---- Keras's class in everything, until a TF 2.4-2.15 call -----------------
+
+
+def _no_config_schedule(api):
+  """A user's schedule without `get_config`, as many are written."""
+
+  class NoConfig(api.optimizers.schedules.LearningRateSchedule):
+
+    def __call__(self, step):
+      return tf.constant(0.25)
+
+  return NoConfig()
+
+
+def test_settings_are_the_wrappers_own_until_a_tf24_call_as_keras_class():
+  def settings(cls):
+    inner = keras.optimizers.SGD(0.5)
+    opt = cls(inner)
+    opt.clipvalue = 0.1
+    return opt.use_ema, opt.clipvalue, inner.clipvalue
+
+  # Keras's class ignores a clip set on the wrapper; its use_ema is False.
+  assert settings(keras.optimizers.LossScaleOptimizer) == (False, 0.1, None)
+  assert settings(shared_name.LossScaleOptimizer) == (False, 0.1, None)
+  # Once a TF 2.4-2.15 method is called, tf_keras's forwarding.
+  inner = keras.optimizers.SGD(0.5)
+  opt = shared_name.LossScaleOptimizer(inner)
+  opt.get_scaled_loss(tf.constant(1.0))
+  opt.clipvalue = 0.2
+  assert (opt.clipvalue, inner.clipvalue) == (0.2, 0.2)
+
+
+def test_a_second_wrapper_of_one_optimizer_is_taken_as_keras_class_takes_it():
+  inner = keras.optimizers.SGD(0.5)
+  first = shared_name.LossScaleOptimizer(inner)
+  second = shared_name.LossScaleOptimizer(inner)
+  assert first.inner_optimizer is second.inner_optimizer is inner
+  keras.optimizers.LossScaleOptimizer(inner)  # Keras's class takes it too.
+  # TF 2.4-2.15's class (and `dynamic=`) refuses it, as tf_keras's did.
+  with pytest.raises(ValueError, match='already wrapped'):
+    mixed_precision.LossScaleOptimizer(inner)
+  held = keras.optimizers.SGD(0.5)
+  holder = shared_name.LossScaleOptimizer(held, dynamic=True)
+  with pytest.raises(ValueError, match='already wrapped'):
+    shared_name.LossScaleOptimizer(held, dynamic=True)
+  assert holder.inner_optimizer is held
+
+
+@pytest.mark.parametrize('cls', [shared_name.LossScaleOptimizer,
+                                 mixed_precision.LossScaleOptimizer])
+def test_base_optimizer_arguments_are_refused_with_keras_messages(cls):
+  for name, value in (('clipnorm', 0.5), ('use_ema', True),
+                      ('gradient_accumulation_steps', 2)):
+    with pytest.raises(ValueError, match=(
+        f'LossScaleOptimizer does not support `{name}`. Instead, set '
+        f'`{name}` on the `inner_optimizer`.')):
+      cls(keras.optimizers.SGD(), **{name: value})
+  with pytest.raises(ValueError, match='does not support arguments: `foo`'):
+    cls(keras.optimizers.SGD(), foo=1)
+  # Keras's words for dynamic=False, beside TF 2.4-2.15's.
+  with pytest.raises(ValueError, match=r'set `loss_scale_factor`.*'
+                     'inner_optimizer'):
+    cls(keras.optimizers.SGD(), dynamic=False)
+  # At their defaults (as old configs hold them), they are taken.
+  assert cls(keras.optimizers.SGD(), clipnorm=None, use_ema=False).dynamic
+
+
+def test_a_schedule_without_config_or_a_lambda_is_never_serialized(
+    caplog, recwarn):
+  caplog.set_level(logging.WARNING)
+  var = keras.Variable([1.0, 2.0])
+  experimental = tf_loss_scale.keras.experimental.LossScaleOptimizer
+  for api, make in (
+      (keras, lambda lr: shared_name.LossScaleOptimizer(
+          keras.optimizers.SGD(lr))),
+      (keras, lambda lr: mixed_precision.LossScaleOptimizer(
+          keras.optimizers.SGD(lr))),
+      (keras, lambda lr: tf_loss_scale.keras.LossScaleOptimizer(
+          keras.optimizers.SGD(lr))),
+      (keras, lambda lr: experimental(keras.optimizers.Adam(lr), 'dynamic')),
+      (tf_keras, lambda lr: experimental(tf_keras.optimizers.Adam(lr),
+                                         'dynamic'))):
+    for lr in (_no_config_schedule(api), lambda: 0.25):
+      opt = make(lr)
+      if isinstance(opt, tf_loss_scale.keras.experimental.LossScaleOptimizer):
+        v = tf.Variable([1.0, 2.0]) if isinstance(
+            opt.inner_optimizer, tf_keras.optimizers.Optimizer) else var
+        opt.apply_gradients([(tf.constant([1.0, 1.0]), v)])
+        continue
+      opt.apply([opt.scale_loss(tf.constant([1.0, 1.0]))], [var])
+      if hasattr(opt, 'get_scaled_loss'):  # TF 2.4-2.15's forwarding too.
+        opt.get_scaled_loss(tf.constant(1.0))
+        opt.apply_gradients([(tf.constant([1.0, 1.0]), var)])
+        assert float(opt.learning_rate) == 0.25
+  assert not [w for w in recwarn if 'lambda' in str(w.message)]
+  assert not [r for r in caplog.records if 'lambda' in r.getMessage()]
+
+
+def _variable_names(opt):
+  return [v.path.split('/', 1)[1] for v in opt.variables]
+
+
+def test_an_unbuilt_wrapper_holds_keras_class_variables_until_a_tf24_call(
+    tmp_path):
+  def compiled(cls):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(cls(keras.optimizers.SGD(0.5)), 'mse')
+    return model
+
+  ours = compiled(shared_name.LossScaleOptimizer)
+  keras_class = compiled(keras.optimizers.LossScaleOptimizer)
+  assert _variable_names(ours.optimizer) == _variable_names(
+      keras_class.optimizer) == ['iteration', 'learning_rate'] * 2
+  # Weights saved before training load across the two classes, silently
+  # and whole, both ways.
+  for write, read in ((shared_name.LossScaleOptimizer,
+                       keras.optimizers.LossScaleOptimizer),
+                      (keras.optimizers.LossScaleOptimizer,
+                       shared_name.LossScaleOptimizer)):
+    writer, reader = compiled(write), compiled(read)
+    path = str(tmp_path / f'{write.__module__}.weights.h5')
+    writer.save_weights(path)
+    with warnings.catch_warnings():
+      warnings.simplefilter('error')
+      reader.load_weights(path)
+  # TF 2.4-2.15's class, as tf_keras's, holds its scale from the start.
+  assert _variable_names(mixed_precision.LossScaleOptimizer(
+      keras.optimizers.SGD(0.5))) == [
+          'iteration', 'learning_rate', 'step_counter', 'dynamic_scale',
+          'iteration', 'learning_rate']

@@ -96,7 +96,7 @@ _FORM_FOR_FAMILY = (
 
 
 def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
-                      loss_scale: Any = None) -> None:
+                      loss_scale: Any = None, exclusive: bool = True) -> None:
   """Refuses what no front end may wrap, and a strategy it cannot run under.
 
   Call it first in a constructor. If nothing is refused, marks `optimizer`
@@ -108,6 +108,8 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
     wrapper: The wrapper being constructed.
     loss_scale: The loss scale the wrapper will drive, if it exists already;
       anything else (an identifier, None) is ignored.
+    exclusive: Whether to refuse an optimizer that a live wrapper of ours
+      holds (Keras 3's class lets two wrappers hold one).
 
   Raises:
     WrapsAWrapperError: If `optimizer` is a loss scale optimizer (both a
@@ -125,7 +127,7 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
         f'or pass {form.name} a new optimizer.')
   check_family(optimizer, form)
   holder = getattr(optimizer, _HOLDER, lambda: None)()
-  if getattr(holder, 'inner_optimizer', None) is optimizer:
+  if exclusive and getattr(holder, 'inner_optimizer', None) is optimizer:
     raise ValueError(
         f'"{form.argument}" is already wrapped by a LossScaleOptimizer. An '
         'optimizer can only be wrapped by a single LossScaleOptimizer: '

@@ -4,7 +4,7 @@ The rest of the library calls these where no public API does the job.
 """
 
 import re
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Sequence
 
 import tensorflow as tf
 
@@ -43,18 +43,32 @@ class SavedModelOnlyChildren:
   Why: `DynamicLossScale`'s monitoring variables are captured by any traced
   step, so a SavedModel must track them, while its checkpoints must keep
   TensorFlow's layout (two variables) to interchange with TensorFlow's own
-  class. `tests/test_checkpointing.py` fails if TensorFlow changes the hook.
+  class. Likewise a Keras 3 wrapper following tf_keras's class leaves out of
+  checkpoints the constants Keras's layout gives it and tf_keras's has no
+  place for, so that a restore of tf_keras's file matches every object.
+  `tests/test_checkpointing.py` fails if TensorFlow changes the hook.
   """
 
   def _saved_model_only_children(self) -> Dict[str, Any]:
     """The extra dependencies, by name (a subclass says which)."""
     raise NotImplementedError
 
+  def _children_checkpoints_leave_out(self) -> Sequence[str]:
+    """Names of dependencies object checkpoints leave out (none here)."""
+    return ()
+
   def _trackable_children(self, save_type='checkpoint', **kwargs):
     children = super()._trackable_children(save_type, **kwargs)
     if getattr(save_type, 'value', save_type) == 'savedmodel':
       children.update(self._saved_model_only_children())
+    else:
+      for name in self._children_checkpoints_leave_out():
+        children.pop(name, None)
     return children
+
+  def _every_child(self) -> Dict[str, Any]:
+    """The checkpoint dependencies, with those left out."""
+    return dict(super()._trackable_children('checkpoint'))
 
 
 def name_dependencies(wrapper: Any, **children: Any) -> None:

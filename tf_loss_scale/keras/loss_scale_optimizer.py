@@ -115,7 +115,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
         an out of range number, an inner optimizer that is a loss scale
         optimizer or is already wrapped; or under an unsupported strategy.
     """
-    guards.check_new_wrapper(inner_optimizer, self._FORM, self)
+    guards.check_new_wrapper(inner_optimizer, self._FORM, self,
+                             exclusive=self._wraps_exclusively())
     keras3_support.check_replicas_are_summed(f'{type(self).__name__}()')
     loss_scale_lib.check_scale_arguments(
         initial_scale, dynamic_growth_steps, floor=self._scale_floor())
@@ -137,6 +138,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   # The front end, as the guards name it.
   _FORM = guards.KERAS_FORM
 
+  def _wraps_exclusively(self) -> bool:
+    """Whether an optimizer another wrapper holds is refused (`guards`)."""
+    return True
+
   def _scale_floor(self) -> Optional[float]:
     """The floor: the lowest `initial_scale` taken, never gone below.
 
@@ -157,7 +162,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     # The skip report's flags, one per variable, made now so that they are
     # not created while Keras traces its train function.
     self._monitor.create(step_record.gradient_names(var_list))
-    self._scratch.remember_build(self.inner_optimizer, var_list)
+    self._scratch.remember_build(var_list)
 
   def _saved_model_only_children(self) -> Dict[str, Any]:
     # A traced `apply` captures the record, which checkpoints leave out.
@@ -429,9 +434,9 @@ class _Scratch:
 
   `built_with` holds `build`'s model variables (Keras keeps them privately).
   Keras's TensorFlow optimizers update only real variables, so the copy runs
-  on scratch ones. It is made from the config at build, which decides its
-  variables (SGD has momentum slots only if built with a momentum), given
-  the current settings, and remade when these change.
+  on scratch ones. It is made from the config at the first stateless step,
+  which decides its variables (SGD has momentum slots only if built with a
+  momentum), given the current settings, and remade when these change.
   """
 
   def __init__(self):
@@ -439,18 +444,19 @@ class _Scratch:
     self._copy = None
     self.built_with = []
 
-  def remember_build(self, inner: keras.optimizers.Optimizer,
-                     var_list: Sequence[Any]) -> None:
-    """Records `build`'s model variables and `inner`'s config at its build."""
+  def remember_build(self, var_list: Sequence[Any]) -> None:
+    """Records `build`'s model variables."""
     self.built_with = list(var_list)
-    with tf.init_scope():  # The config reads variables' values.
-      self._layout = inner.get_config()
 
   def matching(self, inner: keras.optimizers.Optimizer,
                model_variables: List[Any]) -> '_ScratchCopy':
     """A copy of `inner` with its current settings, for `model_variables`."""
-    with tf.init_scope():
-      settings = _settings(inner.get_config())
+    with tf.init_scope():  # A config reads variables' values.
+      config = inner.get_config()
+      # The layout of the first copy: serializing settings at `build` would
+      # refuse or warn about a learning rate before the program saves.
+      self._layout = self._layout or config
+      settings = _settings(config)
       if self._copy is None or not self._copy.made_from(settings,
                                                         model_variables):
         self._copy = _ScratchCopy(type(inner), self._layout, settings,

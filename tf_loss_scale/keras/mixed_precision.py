@@ -5,8 +5,8 @@ TensorFlow 2.16 and later. A subclass of the Keras 3 form, so `compile`
 keeps it; see docs/differences.md.
 
 The forwarding rule, the one way settings reach the inner optimizer: once
-constructed, the wrapper reads and writes on the inner optimizer what
-tf_keras's class forwarded: its hyperparameters, the entries of its config
+TF 2.4-2.15's behaviour is asked for (below), the wrapper reads and writes
+on the inner optimizer what tf_keras's class forwarded: its hyperparameters, the entries of its config
 that are not flags (`learning_rate`, `momentum`, `clipnorm`,
 `ema_momentum`, ...; `lr` is `learning_rate`), as TF 2.4-2.10's did, and
 `use_ema`, as TF 2.11-2.15's did. A flag that picks the algorithm
@@ -18,14 +18,16 @@ replaced. Any other name is the wrapper's own attribute. Keras's `build`
 on the wrapper sees the wrapper's own settings (the defaults), so it makes
 no second EMA or accumulator copy of the model.
 
-Whose behaviour, one helper (`_follows_tf_keras`): the class is Keras's
-`LossScaleOptimizer` in what a Keras 3 program observes (`iterations` a
-Keras variable, a dynamic scale with no floor) until the program calls a
-method of TF 2.4-2.15's class (`get_scaled_loss`, `get_unscaled_gradients`,
+Whose behaviour, one helper (`_follows_tf_keras`): this class is
+tf_keras's (`iterations` a `tf.Variable`, a dynamic scale floored at 1,
+`apply_gradients` taking the gradients as given but in a `fit` step
+(`tf_loss_scale.keras.protocols`), the settings forwarded, an optimizer
+that another wrapper holds refused). The subclass `compat.install()` puts
+under Keras's name (`shared_name`) is Keras's `LossScaleOptimizer` in
+everything a Keras 3 program observes until the program calls a method of
+TF 2.4-2.15's class (`get_scaled_loss`, `get_unscaled_gradients`,
 `compute_gradients`, `minimize`) or constructs it with TF 2.4-2.15's
-`dynamic`; from then on it is tf_keras's (`iterations` a `tf.Variable`, a
-dynamic scale floored at 1). Which gradients an apply takes is decided by
-the method called (`tf_loss_scale.keras.protocols`), not by this.
+`dynamic`, and tf_keras's from then on.
 """
 
 import contextlib
@@ -50,8 +52,8 @@ _GROWTH_STEPS = 2000
 # Settings of Keras 2 optimizers that Keras 3's do not take, found in the
 # configs of tf_keras's class: their values do nothing in Keras 3.
 _KERAS2_ONLY_SETTINGS = ('jit_compile', 'is_legacy_optimizer')
-# Config entries of a Keras 3 optimizer that are not forwarded settings.
-_NOT_FORWARDED = frozenset({'name', 'loss_scale_factor'})
+# Settings of a Keras 3 optimizer that are not forwarded.
+_NOT_FORWARDED = frozenset({'loss_scale_factor'})
 # What a config holds of this class's arguments (Keras's or tf_keras's).
 _OWN_CONFIG = ('dynamic', 'initial_scale', 'dynamic_growth_steps', 'name')
 # TF 2.4-2.10's other names for forwarded settings.
@@ -78,10 +80,12 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   opt.apply_gradients(zip(grads, variables))
   ```
 
-  `apply_gradients` takes gradients as given unless `scale_loss` was
-  called for its step; `apply` and `stateless_apply` take gradients of the
-  scaled loss (`tf_loss_scale.keras.protocols`). A fixed scale (`dynamic=False`)
-  applies every step, even a non-finite one, as TF 2.4-2.15's did. Config
+  `apply_gradients` takes gradients of the scaled loss, as Keras's class,
+  until TF 2.4-2.15's behaviour is asked for; then as given, but in the
+  step of a `scale_loss` (`fit`); `apply` and `stateless_apply` take
+  gradients of the scaled loss (`tf_loss_scale.keras.protocols`). A fixed
+  scale (`dynamic=False`) applies every step, even a non-finite one, as TF
+  2.4-2.15's did. Config
   and checkpoint layout are Keras's (tf_keras's configs and checkpoints are
   read too).
   """
@@ -96,12 +100,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   # whose name this class takes after `install()`.
   _DECIDES_ON_SUMS = True
   _FORM = guards.MIXED_PRECISION_FORM
+  # Whether the class is Keras's until a TF 2.4-2.15 call (module docstring).
+  _KERAS_CLASS_UNTIL_TF24_CALL = False
 
   def __init__(self, inner_optimizer: keras.optimizers.Optimizer,
                *args: Any, dynamic: Any = _UNSET,
                initial_scale: Optional[float] = None,
                dynamic_growth_steps: Optional[int] = None,
-               name: Optional[str] = None):
+               name: Optional[str] = None, **kwargs: Any):
     """Wraps `inner_optimizer`.
 
     TF 2.4-2.15's form, `LossScaleOptimizer(inner, dynamic=True,
@@ -118,13 +124,15 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         TF 2.4-2.15's order, or `initial_scale` (a number) and
         `dynamic_growth_steps` in Keras 3's.
       dynamic: Whether the scale adapts (True) or stays `initial_scale`;
-        given (here or positionally), TF 2.4-2.15's behaviour follows
-        (module docstring).
+        given (here or positionally), TF 2.4-2.15's behaviour follows also
+        where the class is Keras's until then (module docstring).
       initial_scale: The first scale, a finite positive number: 2**15 by
         default when `dynamic`, required otherwise.
       dynamic_growth_steps: Finite steps in a row after which a dynamic
         scale doubles: 2000 by default; must be None when not `dynamic`.
       name: The optimizer's name, as Keras 3's class takes it.
+      **kwargs: As Keras 3's class: the base optimizer arguments, only at
+        their defaults (as found in old configs).
 
     Raises:
       TypeError: If `dynamic` is not a bool, an argument is given twice or
@@ -155,7 +163,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         named['dynamic'], named['initial_scale'],
         named['dynamic_growth_steps'])
     # Set past Keras's attribute tracking, before anything reads the mode.
-    object.__setattr__(self, '_tf_keras_call', dynamic is not _UNSET)
+    object.__setattr__(self, '_tf_keras_call', (
+        not self._KERAS_CLASS_UNTIL_TF24_CALL or dynamic is not _UNSET))
     if dynamic is _UNSET:
       dynamic = True
     if not isinstance(dynamic, bool):
@@ -166,15 +175,19 @@ class LossScaleOptimizer(protocols.TwoProtocols,
           '2.0-2.3 form took a loss scale there: use tf_loss_scale.keras.'
           'experimental.LossScaleOptimizer for that.)')
     if not dynamic and initial_scale is None:
-      raise ValueError('"initial_scale" must be specified if "dynamic" is '
-                       'False: it is the fixed loss scale.')
+      raise ValueError(
+          '"initial_scale" must be specified if "dynamic" is False: it is the '
+          'fixed loss scale (TF 2.4-2.15\'s form). Keras 3\'s '
+          'LossScaleOptimizer no longer supports `dynamic=False`: there, '
+          'set `loss_scale_factor` directly on the `inner_optimizer` instead.')
     if not dynamic and dynamic_growth_steps is not None:
       raise ValueError(
           '"dynamic_growth_steps" must be None if "dynamic" is False, but '
           f'got: {dynamic_growth_steps!r} (a fixed scale never grows).')
     if tf.is_tensor(initial_scale) or _is_number(initial_scale):
       initial_scale = float(initial_scale)  # As tf_keras's class keeps it.
-    # Forwarded once constructed (Keras's `__init__` sets its own defaults).
+    # Forwarded once constructed and following tf_keras (Keras's `__init__`
+    # sets its own defaults).
     forwarded, flags = _forwarding(inner_optimizer)
     object.__setattr__(self, '_forwarded', forwarded)
     object.__setattr__(self, '_flags', flags)
@@ -185,9 +198,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         inner_optimizer,
         _INITIAL_SCALE if initial_scale is None else initial_scale,
         (_GROWTH_STEPS if dynamic_growth_steps is None else
-         dynamic_growth_steps), name=name)
-    self._make_scale_variables()
+         dynamic_growth_steps), name=name, **kwargs)
     self._start_reading_tf_keras()
+    if self._follows_tf_keras():
+      self._make_scale_variables()
     object.__setattr__(self, '_constructed', True)
 
   # ---- the forwarding rule (module docstring) ------------------------------
@@ -195,13 +209,13 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def __getattribute__(self, name: str) -> Any:
     own = object.__getattribute__(self, '__dict__')
     if (name in own.get('_forwarded', ()) and own.get('_constructed') and
-        not own.get('_own_settings')):
+        own['_tf_keras_call'] and not own.get('_own_settings')):
       return getattr(own['inner_optimizer'], _ALIASES.get(name, name))
     return object.__getattribute__(self, name)
 
   def __setattr__(self, name: str, value: Any) -> None:
     own = self.__dict__
-    if not own.get('_constructed'):
+    if not own.get('_constructed') or not own['_tf_keras_call']:
       super().__setattr__(name, value)
       return
     if name in own['_forwarded']:
@@ -242,7 +256,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     As tf_keras's class made its own when constructed: a checkpoint restores
     the scale and its count at once, before the first step. Keras's `build`
     asks for them again by name, and `add_variable` hands these back, so
-    `variables` keeps Keras's order.
+    `variables` keeps Keras's order. (Keras's class makes them in `build`:
+    so does the class under its name until TF 2.4-2.15's are asked for.)
     """
     # With the release's default aggregation, as its class gets them.
     with tf.init_scope(), keras.name_scope(self.name, caller=self):
@@ -258,6 +273,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     for name, variable in made.items():
       setattr(self, name, variable)  # Tracked: Keras's checkpoint names.
     object.__setattr__(self, '_made_before_build', made)
+    self._read_tf_keras_scale_into()
 
   def add_variable(self, *args: Any, **kwargs: Any) -> Any:
     """As Keras's, but returns a variable made before `build` asked for it."""
@@ -270,6 +286,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
     with self._wrapper_settings():
       super().build(var_list)
+    self._read_tf_keras_scale_into()
     self._restore_left_for_inner()
 
   # ---- whose behaviour (module docstring) ------------------------------
@@ -278,12 +295,22 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Whether TF 2.4-2.15's behaviour was asked for (module docstring)."""
     return self.__dict__.get('_tf_keras_call', False)
 
-  def _follow(self, protocol: str, method: str) -> None:
-    super()._follow(protocol, method)
+  _follows_tensorflow = _follows_tf_keras
+
+  def _called(self, method: str) -> None:
+    super()._called(method)
     if method != 'scale_loss':
       # `get_scaled_loss` or `get_unscaled_gradients` (`compute_gradients`
       # and `minimize` call the first): tf_keras's behaviour from now on.
-      object.__setattr__(self, '_tf_keras_call', True)
+      self._follow_tf_keras()
+
+  def _follow_tf_keras(self) -> None:
+    """TF 2.4-2.15's behaviour from now on (module docstring)."""
+    object.__setattr__(self, '_tf_keras_call', True)
+
+  def _wraps_exclusively(self) -> bool:
+    # Keras's class lets two wrappers hold one optimizer; tf_keras's did not.
+    return self._follows_tf_keras()
 
   def _scale_floor(self) -> Optional[float]:
     # tf_keras's dynamic scale stops at 1; Keras's, and a fixed scale (which
@@ -317,7 +344,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if self._follows_tf_keras():
       return keras3_support.tf_variable(self.inner_optimizer.iterations)
     if not keras3_support.CLASS_COUNTS_INNER_STEPS:
-      return self._own_step_count
+      # Keras's constructor set it (before Keras 3.5), or keeps it as
+      # `_iterations` behind a property (3.5 to 3.8).
+      own = self.__dict__.get('_own_step_count')
+      return self._iterations if own is None else own
     return self.inner_optimizer.iterations
 
   @iterations.setter
@@ -340,6 +370,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Finite steps since the scale last changed; None if fixed."""
     if not self._dynamic:
       return None
+    if not hasattr(self, 'step_counter'):
+      self._make_scale_variables()  # tf_keras's has it from construction.
     return keras3_support.tf_variable(self.step_counter)
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
@@ -349,8 +381,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Applies the gradients if they are all finite; moves the scale.
 
     Call it in a replica context (inside `strategy.run`, or with no
-    strategy). The gradients are taken as given unless `scale_loss` was
-    called for this step (`tf_loss_scale.keras.protocols`).
+    strategy). The gradients are of the scaled loss, or as given once TF
+    2.4-2.15's behaviour is asked for (`tf_loss_scale.keras.protocols`).
 
     TF 2.2+'s pattern "all-reduce, clip, then apply" passes
     `experimental_aggregate_gradients=False` (TF 2.4-2.10) or
@@ -411,7 +443,6 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
     Raises:
       ValueError: If `loss` is a tensor and `tape` is None.
-      RuntimeError: If `scale_loss` was called since the last apply.
     """
     if tape is None:
       if not callable(loss):
@@ -590,10 +621,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     config = dict(config)
     inner = config.pop('inner_optimizer')
     if isinstance(inner, dict):
-      inner = dict(inner, config={
-          k: v for k, v in inner.get('config', {}).items()
-          if k not in _KERAS2_ONLY_SETTINGS})
-      inner = keras.optimizers.deserialize(inner,
+      inner = keras.optimizers.deserialize(_as_keras3_config(inner),
                                            custom_objects=custom_objects)
     own = {name: config.pop(name) for name in _OWN_CONFIG if name in config}
     # Keras's config holds the base optimizer's settings at their defaults.
@@ -602,17 +630,28 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     return cls(inner, **own)
 
 
+def _as_keras3_config(inner: Dict[str, Any]) -> Dict[str, Any]:
+  """A serialized optimizer of tf_keras's, as Keras 3 deserializes it.
+
+  Less the settings Keras 3 does not take; a schedule's `name` of None
+  (tf_keras's default) is left to Keras 3's default, a string.
+  """
+  config = {k: v for k, v in inner.get('config', {}).items()
+            if k not in _KERAS2_ONLY_SETTINGS}
+  schedule = config.get('learning_rate')
+  if isinstance(schedule, dict) and isinstance(schedule.get('config'), dict):
+    config['learning_rate'] = dict(schedule, config={
+        k: v for k, v in schedule['config'].items()
+        if not (k == 'name' and v is None)})
+  return dict(inner, config=config)
+
+
 def _forwarding(inner: keras.optimizers.Optimizer
                ) -> Tuple[frozenset, frozenset]:
   """The names the rule forwards (module docstring), and the flags it keeps."""
-  if not isinstance(inner, keras.optimizers.Optimizer):
-    return frozenset(), frozenset()  # The guards refuse it, in their words.
-  with tf.init_scope():  # A config reads variables' values.
-    config = inner.get_config()
-  flags = frozenset(name for name, value in config.items()
-                    if isinstance(value, bool) and name != 'use_ema')
-  return (frozenset(config) - flags - _NOT_FORWARDED | frozenset(_ALIASES),
-          flags)
+  settings, flags = tf2_members.settings_of(inner)
+  flags -= {'use_ema'}
+  return (settings - flags - _NOT_FORWARDED | frozenset(_ALIASES), flags)
 
 
 def _weighted_by(loss: Any, grad_loss: Any,

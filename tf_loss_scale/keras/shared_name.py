@@ -46,7 +46,8 @@ class LossScaleOptimizer(mixed_precision.LossScaleOptimizer,
                          metaclass=_TakesKerasClassInstances):
   """TF 2.4-2.15's `LossScaleOptimizer`, named in files as Keras's class.
 
-  Everything but the name it saves under is
+  Everything but the name it saves under, and its being Keras's class
+  until a TF 2.4-2.15 method is called, is
   `tf_loss_scale.keras.mixed_precision.LossScaleOptimizer`'s (see there);
   the module docstring says why the two differ.
   """
@@ -54,3 +55,5 @@ class LossScaleOptimizer(mixed_precision.LossScaleOptimizer,
   # Where Keras's class is exported: a `.keras` file's config names this
   # module, and Keras finds its own class there.
   __module__ = 'keras.optimizers'
+  # Keras's class to Keras 3 programs (`mixed_precision`'s docstring).
+  _KERAS_CLASS_UNTIL_TF24_CALL = True

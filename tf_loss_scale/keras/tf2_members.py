@@ -18,15 +18,48 @@ variables only, never the loss scale's, so a loop that resets each of them
 leaves the scale alone.
 """
 
-from typing import Any, List, Optional, Sequence
+import inspect
+from typing import Any, FrozenSet, List, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from tf_loss_scale import distribute
+from tf_loss_scale import execution
 from tf_loss_scale import private_api
+from tf_loss_scale.keras import families
 from tf_loss_scale.keras import slots
+
+
+def settings_of(optimizer: Any) -> Tuple[FrozenSet[str], FrozenSet[str]]:
+  """The settings an optimizer's constructor takes, and which are flags.
+
+  Read from the constructors' signatures along the class's bases, not from
+  `get_config()`: a config serializes the learning rate, which a user's
+  schedule may refuse (no `get_config`) or warn about (a lambda), in
+  programs that never save.
+
+  Args:
+    optimizer: Any Keras optimizer.
+
+  Returns:
+    `(settings, flags)`: the named arguments but `name`, and those of them
+    whose default is a bool (`nesterov`, `amsgrad`, `use_ema`, ...).
+  """
+  settings, flags = set(), set()
+  for cls in type(optimizer).__mro__:
+    if '__init__' not in vars(cls) or cls is object:
+      continue
+    for name, parameter in inspect.signature(
+        vars(cls)['__init__']).parameters.items():
+      if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD,
+                            parameter.KEYWORD_ONLY) and name != 'self':
+        settings.add(name)
+        if isinstance(parameter.default, bool):
+          flags.add(name)
+  settings.discard('name')
+  return frozenset(settings), frozenset(flags)
 
 
 class CallableList(list):
@@ -70,7 +103,12 @@ class InnerWeights:
 
   def get_weights(self) -> List[Any]:
     """Returns the values of `weights`, as NumPy arrays."""
+    if execution.in_tf1_graph():  # Keras 2's session runs the reads.
+      return self._keras_backend().batch_get_value(self.weights)
     return [variable.numpy() for variable in self.weights]
+
+  def _keras_backend(self) -> Any:
+    return families.family_of(self.inner_optimizer).keras.backend
 
   def set_weights(self, weights: Sequence[Any]) -> None:
     """Sets the inner optimizer's variables from `get_weights()` values.
@@ -104,6 +142,10 @@ class InnerWeights:
             f'set_weights(): {variable.name} has shape '
             f'{tuple(variable.shape)}, the value given has shape '
             f'{tuple(getattr(value, "shape", ()))}.')
+    if execution.in_tf1_graph():  # Keras 2's session runs the assignments.
+      self._keras_backend().batch_set_value(list(zip(own, weights)))
+      return
+    for variable, value in zip(own, weights):
       variable.assign(value)
 
 

@@ -35,7 +35,7 @@ inner optimizer's lists of that name, when it has them (at once, or at its
 build).
 """
 
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 import weakref
 
 import tensorflow as tf
@@ -89,23 +89,45 @@ class ReadsTfKerasLayout:
   """Reads tf_keras's layout too, into a Keras 3 `LossScaleOptimizer`.
 
   A mixin before the wrapper's Keras 3 class, which saves Keras's layout.
-  The subclass has `inner_optimizer`, `dynamic_scale` and `step_counter`
-  from its construction, calls `_start_reading_tf_keras()` then, and
-  `_restore_left_for_inner()` at the end of its `build`.
+  The subclass has `inner_optimizer` from its construction and calls
+  `_start_reading_tf_keras()` then, `_read_tf_keras_scale_into()` once it
+  has `dynamic_scale` and `step_counter` (a scale read before restores into
+  them then), and `_restore_left_for_inner()` at the end of its `build`;
+  it has `_every_child()` (`private_api.SavedModelOnlyChildren`) and
+  `_follow_tf_keras()`, called when a restore shows tf_keras's layout: the
+  program that reads tf_keras's file is of TF 2.4-2.15.
+
+  Once it has read tf_keras's file, the wrapper's checkpoints leave out what
+  Keras's layout holds and tf_keras's has no place for (the wrapper's own
+  step count, learning rate and variable lists, which never move): so that
+  the restore matches every object of the program, as tf_keras's did.
   """
 
+  def _children_checkpoints_leave_out(self) -> Tuple[str, ...]:
+    if self.__dict__.get('_tf_keras_file_read'):
+      return ('_iterations', 'iterations', '_learning_rate', '_variables',
+              '_trainable_variables')
+    return ()
+
+  def _reads_tf_keras_file(self) -> None:
+    object.__setattr__(self, '_tf_keras_file_read', True)
+    self._follow_tf_keras()
+
   def _start_reading_tf_keras(self) -> None:
-    loss_scale = tf.Module()
-    loss_scale.current_loss_scale = self.dynamic_scale
-    loss_scale.good_steps = self.step_counter
     # Set past Keras's attribute tracking: nodes read, never written.
-    object.__setattr__(self, '_tf_keras_loss_scale', loss_scale)
+    object.__setattr__(self, '_tf_keras_loss_scale', tf.Module())
     # Through a weak reference: a cycle would keep a dropped wrapper alive,
     # and its inner optimizer wrapped (`guards`).
     owner = weakref.ref(self)
     object.__setattr__(self, '_read_variables', private_api.IndexedChildren(
         lambda i: owner()._variable_to_restore(i)))
     object.__setattr__(self, '_visit', _Visit())
+
+  def _read_tf_keras_scale_into(self) -> None:
+    loss_scale = self._tf_keras_loss_scale
+    if not hasattr(loss_scale, 'current_loss_scale'):
+      loss_scale.current_loss_scale = self.dynamic_scale
+      loss_scale.good_steps = self.step_counter
 
   def _lookup_dependency(self, name: str, cached_dependencies=None) -> Any:
     # Without the children (Keras's attribute tracking, which asks whether a
@@ -122,6 +144,7 @@ class ReadsTfKerasLayout:
     if name == '_variables':
       return self._read_variables
     if name == 'loss_scale':
+      self._reads_tf_keras_file()
       return self._tf_keras_loss_scale
     if name in cached_dependencies:
       return cached_dependencies[name]
@@ -133,7 +156,7 @@ class ReadsTfKerasLayout:
     for name in [n for n in deferred if n in _COUNTERS or n in _KERAS3_RENAMED]:
       if self._visit.keras_wrapper and not (
           name != '_learning_rate' and 'loss_scale' in self._visit.names):
-        target = private_api.checkpoint_children(self).get(name)
+        target = self._every_child().get(name)
       else:
         target = self._inner_child(name)
       if target is not None:
@@ -142,7 +165,7 @@ class ReadsTfKerasLayout:
   def _restore_left_for_inner(self) -> None:
     """Restores into the inner optimizer, once built, what waited for it."""
     self._settle()
-    own = private_api.checkpoint_children(self)
+    own = self._every_child()
     for name in list(private_api.deferred_restorations(self)):
       child = None if name in own else self._inner_child(name)
       if child is not None:
@@ -162,10 +185,12 @@ class ReadsTfKerasLayout:
     tf_keras = not (visit.keras_wrapper or visit.keras_bare)
     if tf_keras and visit.children is not None:
       self._refuse_other_variables()  # Before anything of it restores.
+      self._reads_tf_keras_file()
     self._settle()  # The node's names are all known now.
     if visit.keras_wrapper or visit.keras_bare:
-      owner = self if visit.keras_wrapper else self.inner_optimizer
-      variables = private_api.checkpoint_children(owner).get('_variables', [])
+      variables = (self._every_child() if visit.keras_wrapper else
+                   private_api.checkpoint_children(self.inner_optimizer)
+                  ).get('_variables', [])
       return variables[index] if index < len(variables) else None
     if index and visit.children is None:
       return None  # Unknown (TensorFlow 2.12): read by their names.
