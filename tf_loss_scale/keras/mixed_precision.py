@@ -32,7 +32,7 @@ TF 2.4-2.15's class (`get_scaled_loss`, `get_unscaled_gradients`,
 
 import contextlib
 import numbers
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from absl import logging
 import keras
@@ -259,16 +259,19 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     `variables` keeps Keras's order. (Keras's class makes them in `build`:
     so does the class under its name until TF 2.4-2.15's are asked for.)
     """
-    # With the release's default aggregation, as its class gets them.
+    # With the aggregation its class asks for on this release: 'none' from
+    # Keras 3.7 (before, Keras took no 'none').
+    aggregation = ({'aggregation': 'none'} if
+                   keras3_support.VARIABLES_TAKE_AGGREGATION_NONE else {})
     with tf.init_scope(), keras.name_scope(self.name, caller=self):
       made = {
           'step_counter': super().add_variable(
               shape=(), dtype='int', initializer='zeros',
-              name='step_counter'),
+              name='step_counter', **aggregation),
           'dynamic_scale': super().add_variable(
               shape=(), dtype='float32',
               initializer=keras.initializers.Constant(self.initial_scale),
-              name='dynamic_scale'),
+              name='dynamic_scale', **aggregation),
       }
     for name, variable in made.items():
       setattr(self, name, variable)  # Tracked: Keras's checkpoint names.
@@ -281,6 +284,19 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if kwargs.get('name') in made:
       return made.pop(kwargs['name'])
     return super().add_variable(*args, **kwargs)
+
+  def set_weights(self, weights: Sequence[Any]) -> None:
+    """As `tf2_members.Keras3Members.set_weights`.
+
+    Values of a built wrapper (Keras's HDF5 files hold them) given before
+    the scale's variables exist make them first, so each value goes to its
+    own variable: the scale and its counter follow Keras's two constants.
+    """
+    weights = list(weights)
+    if len(weights) > len(self.variables) and not hasattr(
+        self, 'step_counter'):
+      self._make_scale_variables()
+    super().set_weights(weights)
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""

@@ -125,7 +125,8 @@ class ReadsTfKerasLayout:
 
   def _read_tf_keras_scale_into(self) -> None:
     loss_scale = self._tf_keras_loss_scale
-    if not hasattr(loss_scale, 'current_loss_scale'):
+    if hasattr(self, 'dynamic_scale') and not hasattr(
+        loss_scale, 'current_loss_scale'):
       loss_scale.current_loss_scale = self.dynamic_scale
       loss_scale.good_steps = self.step_counter
 
