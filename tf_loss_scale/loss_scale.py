@@ -439,7 +439,8 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
 
   @property
   def skipped_steps(self) -> tf.Tensor:
-    """Steps skipped so far in this process (int64 tensor, not saved)."""
+    """Steps skipped so far in this process, in a TF1 graph in the session
+    that reads it (int64 tensor, not saved)."""
     return self._step_record.skipped_steps()
 
   @property

@@ -58,7 +58,8 @@ class SkipReport:
 
   Attributes:
     step: How many steps, applied and skipped, went through the loss scale
-      (in this process) before the skipped one.
+      (in this process; in a TF1 graph, in this session) before the
+      skipped one.
     loss_scale: The scale the skipped step's gradients were computed with.
     nan: The variables whose gradient held a NaN, in the step's order:
       `tf.Variable.name`, a Keras variable's `path`, or `'gradient i'` (its
