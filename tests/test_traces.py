@@ -356,6 +356,8 @@ _TF1_PROGRAMS = sorted(
 def test_tf1_program_prints_what_it_printed_on_tensorflow_1_15(
     ours_keras_3, originals, name):
   key = f'tf1 program {name}'
+  if key not in ours_keras_3:
+    pytest.skip(f'{name} needs tf.estimator, gone from TensorFlow 2.16 on')
   ours, original = ours_keras_3[key], originals[key]
   assert set(ours) == set(original), (sorted(ours), sorted(original))
   if 'record' in original:
