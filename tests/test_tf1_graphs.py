@@ -338,6 +338,30 @@ def test_loss_scale_hook_costs_no_run_on_the_steps_it_does_not_log(
   assert _skip_report_steps(str(tmp_path)) == [1]
 
 
+def test_loss_scale_hook_reads_a_loss_scales_update_in_its_own_run(
+    monkeypatch, tmp_path):
+  runs = {}
+  for with_hook in (False, True):
+    with tf.Graph().as_default():
+      loss_scale = tf_loss_scale.DynamicLossScale(8.0, increment_period=2)
+      grad = tf.compat.v1.placeholder(tf.float32, [])
+      update_op, _ = loss_scale.update([grad])
+      tf.compat.v1.train.get_or_create_global_step()
+      hooks = ([monitoring.LossScaleHook(loss_scale, output_dir=str(tmp_path),
+                                         every_n_steps=100)]
+               if with_hook else [])
+      counter = _Runs(monkeypatch)
+      with tf.compat.v1.train.MonitoredTrainingSession(
+          hooks=hooks, save_summaries_steps=None,
+          log_step_count_steps=None) as session:
+        for x in _XS:
+          session.run(update_op, {grad: x})
+      runs[with_hook] = counter.count
+      monkeypatch.undo()
+  assert runs[True] - runs[False] == 3, runs
+  assert _skip_report_steps(str(tmp_path)) == [1]
+
+
 # --- LossScale's protected API for subclasses -----------------------------------
 
 

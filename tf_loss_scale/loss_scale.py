@@ -479,7 +479,10 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
         step_record.positions(len(tf.nest.flatten(grads))), self,
         lambda: reading))
     with tf.control_dependencies(reported):
-      return self.assign_next_state(grads_finite), grads_finite
+      update_op = self.assign_next_state(grads_finite)
+    if execution.in_tf1_graph():
+      self._step_record.follow(update_op.op)
+    return update_op, grads_finite
 
   def assign_next_state(
       self, grads_finite: tf.Tensor,

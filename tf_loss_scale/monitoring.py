@@ -402,8 +402,8 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
   `LossScaleCallback`. It counts the runs it sees (a skipped step does not
   advance the global step), so run evaluation fetches without hooks. A run
   it does not log costs no run of its own: a skip is seen in the run that
-  fetches the step (the op `MixedPrecisionLossScaleOptimizer` returned), or
-  else at the next logged run.
+  fetches the step (the op `MixedPrecisionLossScaleOptimizer` returned, or
+  the update op of the `DynamicLossScale`), or else at the next logged run.
 
   ```python
   opt = tf_loss_scale.MixedPrecisionLossScaleOptimizer(opt, 'dynamic')

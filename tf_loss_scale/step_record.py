@@ -201,7 +201,7 @@ class StepRecord:
         counts['last_step_skipped'].assign(skipped))
 
   def follow(self, step_op: tf.Operation) -> None:
-    """Makes `skipped_after` know `step_op`, a whole step in a TF1 graph."""
+    """Makes `skipped_after` know `step_op`, a step's op in a TF1 graph."""
     with tf.control_dependencies([step_op]):
       self._counted_after[step_op.name] = self.skipped_steps()
 
@@ -220,6 +220,7 @@ class StepRecord:
     for fetch in tf.nest.flatten(fetches):
       if isinstance(fetch, str) and fetch in self._counted_after:
         return self._counted_after[fetch]
+      fetch = fetch.op if isinstance(fetch, tf.Tensor) else fetch
       if isinstance(fetch, tf.Operation):
         found = self._step_in(fetch)
         if found is not None:
