@@ -81,7 +81,7 @@ def _record_construction(classes: List[type], made: List[str]) -> None:
     cls.__init__ = init
 
 
-def _run(program: str) -> str:
+def _run_captured(program: str) -> str:
   """Runs PROGRAM as `__main__`; returns its last line, also echoed."""
   out = io.StringIO()
   sys.argv = [program]
@@ -97,7 +97,7 @@ def main(argv: list) -> None:
   *flags, program = argv
   if '--compare' in flags:
     # TensorFlow's own wrapper, before anything is installed or recorded.
-    print(json.dumps({'theirs': json.loads(_run(program))}))
+    print(json.dumps({'theirs': json.loads(_run_captured(program))}))
     tf.compat.v1.reset_default_graph()
   # TensorFlow's own v1 classes, before `install(override=True)` replaces
   # their names; then every class the names lead to once installed.
@@ -115,7 +115,8 @@ def main(argv: list) -> None:
       unique.setdefault(cls, None)
   made = []
   _record_construction(list(unique), made)
-  _run(program)
+  sys.argv = [program]
+  runpy.run_path(program, run_name='__main__')
   print(json.dumps({'made': made}))
 
 
