@@ -27,6 +27,12 @@ A program declares in its header comments how it runs:
     # Needs: Keras 2, or Keras 3.12 or later for int() of a Keras variable
     # Resumes: yes                       run twice in one directory, the
                                          first time under Keras 2's class
+    # Compared: TensorFlow's wrapper     (TF1 programs) run first with
+                                         TensorFlow's own classes in the
+                                         same process: every entry of its
+                                         JSON line but `record` (the
+                                         library's skip record, None there,
+                                         set with ours) must be equal
 The selected programs start together when the first test asks, two at a
 time.
 
@@ -172,6 +178,7 @@ class Program(NamedTuple):
   resumes: bool
   condition: versions.Condition
   keras3_only: bool = False
+  compared: bool = False
   # The condition where the program's tf.keras is tf_keras (Keras 2): its
   # needs but those of Keras 3 ("Keras 2, or Keras 3.12 or later ...").
   keras2_condition: versions.Condition = versions.Condition(True, '')
@@ -199,7 +206,8 @@ def _program(name: str) -> Program:
     keras2_condition = keras2_condition & _RESUMES
   keras = _header(text, 'Keras')
   return Program(name, 'override=True' in install, keras in ('yes', '3 only'),
-                 resumes, condition, keras == '3 only', keras2_condition)
+                 resumes, condition, keras == '3 only', keras2_condition,
+                 _header(text, 'Compared') == "TensorFlow's wrapper")
 
 
 def _condition(program: Program, legacy_keras: bool) -> versions.Condition:
@@ -275,8 +283,9 @@ def _timed(args: List[str], legacy_keras: bool, workdir: str) -> Run:
 
 def _run(program: Program, legacy_keras: bool, workdir: str) -> List[Run]:
   """Runs the program (twice if it resumes) in `workdir`."""
-  args = [_RUNNER] + (['--override'] if program.override else []) + [
-      os.path.join(_LEGACY, program.name)]
+  args = [_RUNNER] + (['--override'] if program.override else []) + (
+      ['--compare'] if program.compared else []) + [
+          os.path.join(_LEGACY, program.name)]
   runs = []
   for legacy in [_WRITER_LEGACY_KERAS] * program.resumes + [legacy_keras]:
     runs.append(_timed(args, legacy, workdir))
@@ -338,6 +347,26 @@ def test_legacy_program_runs_unmodified(program, legacy_keras, program_runs):
     assert [r['resumed'] for r in results] == [False, True], results
   for out, legacy in zip(lines, legacy_of_run):
     _assert_made(program.name, json.loads(out[-1])['made'], legacy)
+  if program.compared:
+    _assert_as_tensorflows(program.name, results[-1], lines[-1])
+
+
+def _assert_as_tensorflows(name: str, ours: Dict[str, Any],
+                           out: List[str]) -> None:
+  """Ours' JSON line against that of TensorFlow's wrapper, run first."""
+  theirs = [json.loads(line)['theirs'] for line in out
+            if line.startswith('{"theirs": ')]
+  assert len(theirs) == 1, f'{name}: no line of TensorFlow\'s run'
+  theirs = theirs[0]
+  if 'record' in theirs:
+    assert theirs['record'] is None, theirs
+    assert ours['record'] is not None, f'{name}: no skip record of ours'
+  assert set(ours) == set(theirs), (sorted(ours), sorted(theirs))
+  for key in sorted(theirs):
+    if key != 'record':
+      assert ours[key] == theirs[key], (
+          f'{name}: {key} is {ours[key]!r} with ours, {theirs[key]!r} with '
+          "TensorFlow's wrapper")
 
 
 def _assert_made(name: str, made: List[str], legacy_keras: bool) -> None:

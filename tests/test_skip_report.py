@@ -204,9 +204,8 @@ def test_report_is_read_through_the_session_in_a_tf1_graph():
 
 
 def test_a_first_step_skipped_before_the_counts_are_initialised_is_step_0():
-  # Only the global variables initialised, as the README's TF1 example does:
-  # the record's counters are local variables, still uninitialised when the
-  # first step skips.
+  # No initialiser sets the record's counters (they are in no collection):
+  # still uninitialised when the session's first step skips.
   with tf.Graph().as_default():
     opt, train_op, feed = _v1_graph_step()
     with tf.compat.v1.Session() as session:

@@ -20,7 +20,10 @@ must be the original's, entry by entry (floats within the same tolerance;
 an error as its class name), but where listed by design (AS_AROUND_LEGACY,
 MEMBERS_DIFFER): on Keras 3 for both Keras forms, under tf_keras for the
 experimental one. The slots of each TF 2.x optimizer that keeps them, read
-by TF 2.x's names after one step, must be the original's. Without the
+by TF 2.x's names after one step, must be the original's. The TF1 programs
+of tests/legacy/ compared with TensorFlow's wrapper print on TF 1.15 what
+they print with ours on TF 2.21, but the skip record only ours keeps
+(`record`, None there). Without the
 originals' JSON these tests skip, saying so, unless
 TF_LOSS_SCALE_REQUIRE_ORIGINALS=1 (as in CI), where they fail.
 """
@@ -339,3 +342,28 @@ def test_same_compares_floats_within_the_tolerance_and_the_rest_exactly():
   assert not _same({'a': 1}, {'a': 1, 'b': 2})
   assert not _same(2, 3)
   assert not _same({'error': 'KeyError'}, [0.5])
+
+
+_TF1_PROGRAMS = sorted(
+    name for name in os.listdir(os.path.join(os.path.dirname(__file__),
+                                             'legacy'))
+    if name.startswith('tf1_') and "# Compared: TensorFlow's wrapper" in open(
+        os.path.join(os.path.dirname(__file__), 'legacy', name),
+        encoding='utf-8').read().splitlines())
+
+
+@pytest.mark.parametrize('name', _TF1_PROGRAMS)
+def test_tf1_program_prints_what_it_printed_on_tensorflow_1_15(
+    ours_keras_3, originals, name):
+  key = f'tf1 program {name}'
+  if key not in ours_keras_3:
+    pytest.skip(f'{name} needs tf.estimator, gone from TensorFlow 2.16 on')
+  ours, original = ours_keras_3[key], originals[key]
+  assert set(ours) == set(original), (sorted(ours), sorted(original))
+  if 'record' in original:
+    assert original['record'] is None and ours['record'] is not None, (
+        ours['record'], original['record'])
+  for entry in sorted(set(original) - {'record'}):
+    assert ours[entry] == original[entry], (
+        f'{name}: {entry} is {ours[entry]!r} with ours, {original[entry]!r} '
+        'on TensorFlow 1.15')

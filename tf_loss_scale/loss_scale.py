@@ -161,7 +161,43 @@ class LossScale(tf.Module, metaclass=abc.ABCMeta):
   whether to apply them. Use `FixedLossScale`, `DynamicLossScale`, or `get()`
   to make one. Loss scales are trackable: the state of a dynamic one is saved
   and restored by `tf.train.Checkpoint` and `tf.compat.v1.train.Saver`.
+
+  A subclass may make its state with `_add_weight`, as subclasses of
+  TensorFlow's `LossScale` did: its variables are in `variables`, saved
+  under their names, and listed in `_weights`.
   """
+
+  def __init__(self, name: Optional[str] = None):
+    super().__init__(name=name)
+    # Held past tf.Module's attribute tracking: each weight is a dependency
+    # under its own name, as in TensorFlow's checkpoints of subclasses.
+    object.__setattr__(self, '_weights', {})
+
+  def _add_weight(self, name: str, initial_value: Any,
+                  dtype: Optional[tf.DType] = None) -> tf.Variable:
+    """Creates a non-trainable state variable, saved under `name`.
+
+    Args:
+      name: The variable's name and its checkpoint dependency's.
+      initial_value: Its first value.
+      dtype: Its dtype; by default `initial_value`'s.
+
+    Returns:
+      The variable, also kept in `_weights` under `(name, graph key)`.
+
+    Raises:
+      RuntimeError: If this loss scale has a weight `name` in this graph.
+    """
+    graph = (None if tf.executing_eagerly() else
+             id(tf.compat.v1.get_default_graph()))
+    if (name, graph) in self._weights:
+      raise RuntimeError(
+          f'This loss scale has a weight named {name!r} already: give each '
+          'weight its own name.')
+    variable = _state_variable(name, initial_value, dtype)
+    self._weights[(name, graph)] = variable
+    private_api.name_dependencies(self, **{name: variable})
+    return variable
 
   @abc.abstractmethod
   def __call__(self) -> tf.Tensor:
@@ -403,7 +439,8 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
 
   @property
   def skipped_steps(self) -> tf.Tensor:
-    """Steps skipped so far in this process (int64 tensor, not saved)."""
+    """Steps skipped so far in this process, in a TF1 graph in the session
+    that reads it (int64 tensor, not saved)."""
     return self._step_record.skipped_steps()
 
   @property
@@ -442,7 +479,10 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
         step_record.positions(len(tf.nest.flatten(grads))), self,
         lambda: reading))
     with tf.control_dependencies(reported):
-      return self.assign_next_state(grads_finite), grads_finite
+      update_op = self.assign_next_state(grads_finite)
+    if execution.in_tf1_graph():
+      self._step_record.follow(update_op.op)
+    return update_op, grads_finite
 
   def assign_next_state(
       self, grads_finite: tf.Tensor,

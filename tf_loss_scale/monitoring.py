@@ -400,7 +400,10 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
   Every `every_n_steps` runs it logs the state, writes it to `output_dir`
   (if given) and keeps it in `latest`; skip reports are logged as by
   `LossScaleCallback`. It counts the runs it sees (a skipped step does not
-  advance the global step), so run evaluation fetches without hooks.
+  advance the global step), so run evaluation fetches without hooks. A run
+  it does not log costs no run of its own: a skip is seen in the run that
+  fetches the step (the op `MixedPrecisionLossScaleOptimizer` returned, or
+  the update op of the `DynamicLossScale`), or else at the next logged run.
 
   ```python
   opt = tf_loss_scale.MixedPrecisionLossScaleOptimizer(opt, 'dynamic')
@@ -453,16 +456,26 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
     self._step = (0 if self._global_step is None else
                   int(session.run(self._global_step)))
 
+  def before_run(self, run_context):
+    # A run that fetches a step of this library's wrapper reads the skip
+    # count too, ordered after that step, at no cost of a run of its own.
+    record = _record_of(self._source) if self._skips is not None else None
+    counted = (None if record is None else
+               record.skipped_after(run_context.original_args.fetches))
+    return None if counted is None else tf.compat.v1.train.SessionRunArgs(
+        counted)
+
   def after_run(self, run_context, run_values):
-    del run_values
-    # A separate read, after the train op has finished: fetched with the
-    # train op, the variables could be read before or after its update.
     session = run_context.session
+    skipped = run_values.results
     if self._step % self._every_n_steps == 0:
-      self._record(session.run(self._fetches), self._step)
-    if self._skips is not None:
-      line = self._skips.follow(
-          int(session.run(self._fetches[SKIPPED_STEPS])), session)
+      # A run of its own, after the train op has finished: fetched with it,
+      # the variables could be read before or after its update.
+      fetched = session.run(self._fetches)
+      self._record(fetched, self._step)
+      skipped = fetched[SKIPPED_STEPS]
+    if self._skips is not None and skipped is not None:
+      line = self._skips.follow(int(skipped), session)
       if line is not None and self._writer is not None:
         self._writer.add_summary(tf.compat.v1.Summary(value=[
             tf.compat.v1.Summary.Value(tag=SKIP_REPORT_TAG,

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from tf_loss_scale import private_api
 from tf_loss_scale import distribute
+from tf_loss_scale import execution
 from tf_loss_scale import gradients
 from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
@@ -129,17 +130,33 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
     guards.check_step(f'{type(self).__name__}.apply_gradients()',
                       [self._loss_scale, self._optimizer])
     grads_and_vars = tuple(grads_and_vars)
+    if isinstance(self._loss_scale, loss_scale_lib.FixedLossScale):
+      # Nothing to decide or move: the inner optimizer's step is the whole
+      # step, under the name TensorFlow's wrapper gives it.
+      op = self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+      return None if tf.executing_eagerly() else op
     variables = [v for _, v in grads_and_vars]
     # tf.compat.v1 optimizers sum the gradients inside their own merge_call,
     # so the step takes its verdict with one scalar reduction
-    # (`reduces=True`; see tf_loss_scale.step). The inner optimizer names its
-    # ops itself: `name` is for the op returned, one op for every replica.
-    return step.apply_step(
+    # (`reduces=True`; see tf_loss_scale.step). The op returned, one op for
+    # every replica, is the whole step and takes the name TensorFlow's
+    # wrapper gives it (the inner optimizer's by default), so a graph run by
+    # op name runs the whole step; the inner apply is named as TensorFlow's
+    # wrapper names it, after that one.
+    name = name or self.get_name()
+    # One string for every replica: a merge_call takes two equal strings
+    # that are not one object for per-replica values.
+    inner_name = name + '-wrapped'
+    op = step.apply_step(
         [g for g, _ in grads_and_vars], step.LossScaleState(self._loss_scale),
         lambda grads: self._optimizer.apply_gradients(
-            list(zip(grads, variables)), global_step),
-        names=step_record.gradient_names(variables),
-        name=name or self.get_name()).op
+            list(zip(grads, variables)), global_step, name=inner_name),
+        names=step_record.gradient_names(variables), name=name).op
+    record = loss_scale_lib.step_record_of(self._loss_scale)
+    if record is not None and execution.in_tf1_graph():
+      # So that `LossScaleHook` reads the skip count in the step's own run.
+      record.follow(op)
+    return op
 
   def get_slot(self, var: tf.Variable, name: str) -> Optional[tf.Variable]:
     """Returns the wrapped optimizer's slot `name` for `var`, or None."""

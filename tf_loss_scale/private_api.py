@@ -72,19 +72,20 @@ class SavedModelOnlyChildren:
 
 
 def name_dependencies(wrapper: Any, **children: Any) -> None:
-  """Names checkpoint dependencies of an optimizer wrapper.
+  """Names checkpoint dependencies of an optimizer wrapper or a loss scale.
 
   Hook: `Trackable._track_trackable(child, name)`. A
   `tf.compat.v1.train.Optimizer` tracks nothing on attribute assignment and
   has no public way to name a dependency, and a Keras 3 optimizer names a
   dependency after its attribute. Why: TensorFlow's v1 wrapper names its
   dependencies `base_optimizer` and `loss_scale`, tf_keras's Keras wrapper
-  names one `loss_scale`, and checkpoints interchange only if ours use the
-  same names. A name already taken goes to the new child.
+  names one `loss_scale`, a `LossScale` subclass's `_add_weight` names its
+  variable's, and checkpoints interchange only if ours use the same names.
+  A name already taken goes to the new child.
   `tests/test_checkpointing.py` fails if TensorFlow changes the hook.
 
   Args:
-    wrapper: The wrapper (a trackable optimizer).
+    wrapper: The trackable: an optimizer wrapper or a loss scale.
     **children: The trackables to depend on, by dependency name.
   """
   for name, child in children.items():

@@ -28,12 +28,14 @@ the record has seen (a "site"; most steps have one), created the first time
 a step with those names is traced: numbers only, so that the record
 works under XLA too, with the names kept in Python.
 
-In a TF1 graph the variables are local variables, which a default `Saver`
-leaves out and `MonitoredTrainingSession` initialises; a session that
-initialises only global ones still runs, and reads "no report" until a step
-is skipped.
+In a TF1 graph the variables are in no collection, under a name scope of
+the library's own (`GRAPH_SCOPE`): a graph has the variables, collections
+and initialisers it has with TensorFlow's wrapper. No initialiser resets
+them (a metrics reset with `local_variables_initializer()` included): each
+session's first step sets them, and until then they read "no step".
 """
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -56,7 +58,8 @@ class SkipReport:
 
   Attributes:
     step: How many steps, applied and skipped, went through the loss scale
-      (in this process) before the skipped one.
+      (in this process; in a TF1 graph, in this session) before the
+      skipped one.
     loss_scale: The scale the skipped step's gradients were computed with.
     nan: The variables whose gradient held a NaN, in the step's order:
       `tf.Variable.name`, a Keras variable's `path`, or `'gradient i'` (its
@@ -141,6 +144,9 @@ class StepRecord:
     self._counts = None
     self._report = None
     self._sites: Dict[Tuple[str, ...], _Site] = {}
+    # By the name of a whole step's op in a TF1 graph, the skip count read
+    # once that op has run.
+    self._counted_after: Dict[str, tf.Tensor] = {}
 
   @property
   def created(self) -> bool:
@@ -194,6 +200,45 @@ class StepRecord:
               (counts['steps'], tf.constant(1, tf.int64))]),
         counts['last_step_skipped'].assign(skipped))
 
+  def follow(self, step_op: tf.Operation) -> None:
+    """Makes `skipped_after` know `step_op`, a step's op in a TF1 graph."""
+    with tf.control_dependencies([step_op]):
+      self._counted_after[step_op.name] = self.skipped_steps()
+
+  def skipped_after(self, fetches: Any) -> Optional[tf.Tensor]:
+    """The skip count once the step among `fetches` has run, if one is.
+
+    Args:
+      fetches: What a `Session.run` fetches: any nest of ops, tensors and
+        names.
+
+    Returns:
+      A tensor to fetch in that same run, which then costs no run of its
+      own; None when no step `follow` was given is fetched: by op, by name,
+      or in a group of ops (`tf.group`, `strategy.group`).
+    """
+    for fetch in tf.nest.flatten(fetches):
+      if isinstance(fetch, str) and fetch in self._counted_after:
+        return self._counted_after[fetch]
+      fetch = fetch.op if isinstance(fetch, tf.Tensor) else fetch
+      if isinstance(fetch, tf.Operation):
+        found = self._step_in(fetch)
+        if found is not None:
+          return found
+    return None
+
+  def _step_in(self, op: tf.Operation) -> Optional[tf.Tensor]:
+    """The count after a followed step that `op` is or groups, if any."""
+    pending, seen = [op], set()
+    while pending:
+      op = pending.pop()
+      if op.name in self._counted_after:
+        return self._counted_after[op.name]
+      if op.type == 'NoOp' and op.name not in seen:
+        seen.add(op.name)
+        pending.extend(op.control_inputs)
+    return None
+
   def skip_reporter(self, names: Sequence[str],
                     scale: Callable[[], tf.Tensor],
                     reading: Callable[[], distribute.Reading]
@@ -219,8 +264,8 @@ class StepRecord:
 
     def write() -> Any:
       found = reading()
-      # The steps counted before this one: 0 while a TF1 session has not
-      # initialised the counts, as no step has been counted yet.
+      # The steps counted before this one: 0 before a TF1 session's first
+      # step has set the counts.
       step = _read_or(self._counts['steps'], 0)
       numbers = tf.stack([tf.cast(step, tf.float64),
                           tf.constant(site.index, tf.float64),
@@ -362,17 +407,29 @@ def _listed(prefix: str, names: Tuple[str, ...], flags: tf.Tensor
 # ---- variables ----------------------------------------------------------------
 
 
+# The name scope of the record's variables in a TF1 graph: the library's
+# own, so that they take no name a user's variable or op could want.
+GRAPH_SCOPE = 'tf_loss_scale_record'
+
+
 def _monitoring_variable(name: str, initial_value: Any, dtype: tf.DType,
                          shape: Optional[List[int]] = None) -> tf.Variable:
-  """A variable no checkpoint sees: local in a TF1 graph."""
+  """A variable no checkpoint sees; in a TF1 graph, in no collection."""
   options = dict(name=name, dtype=dtype, trainable=False, shape=shape,
                  synchronization=tf.VariableSynchronization.AUTO,
                  aggregation=tf.VariableAggregation.NONE)
-  if execution.in_tf1_graph():
-    return tf.compat.v1.Variable(
-        initial_value, collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
-        use_resource=True, **options)
-  return tf.Variable(initial_value, **options)
+  if not execution.in_tf1_graph():
+    return tf.Variable(initial_value, **options)
+  # No initialiser, `ready_op`, `Saver` or metrics reset of the user's sees
+  # it: the step sets it on its first run (see `_add`). With no strategy it
+  # lives on the device of the session that runs it, never on a parameter
+  # server a `replica_device_setter` names, which every worker would share.
+  graph = tf.compat.v1.get_default_graph()
+  device = (contextlib.nullcontext() if tf.distribute.has_strategy() else
+            graph.device(None))
+  with graph.name_scope(GRAPH_SCOPE + '/'), device:
+    return tf.compat.v1.Variable(initial_value, collections=[],
+                                 use_resource=True, **options)
 
 
 def _add(increments: List[Tuple[tf.Variable, tf.Tensor]]) -> Any:
@@ -381,8 +438,7 @@ def _add(increments: List[Tuple[tf.Variable, tf.Tensor]]) -> Any:
     return tf.group(*[getattr(variable, method)(increment)
                       for variable, increment in increments])
   if execution.in_tf1_graph():
-    # Uninitialised counters (a session that initialised only the global
-    # variables) are set rather than incremented.
+    # A session's first step sets the counters, which no initialiser does.
     return execution.one_side_runs(_is_initialized(increments[0][0]),
                                    lambda _: assign('assign_add'),
                                    lambda: assign('assign'))

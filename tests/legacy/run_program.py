@@ -10,10 +10,16 @@ runner then prints its own last: `{"made": [...]}`, the classes of the loss
 scale optimizers the program constructed (module and qualname, in the order
 first made, with " in compile" or " in enable_mixed_precision_graph_rewrite"
 when one of those made it), TensorFlow's, Keras's and this library's alike,
-so that a test can tell whose class ran. Used by tests/test_legacy_programs.py, one fresh
-process per program.
+so that a test can tell whose class ran. With `--compare` it first runs
+PROGRAM with TensorFlow's own classes (nothing installed) in this same
+process, echoes its output and prints `{"theirs": ITS_JSON_LINE}`, then
+resets the default graph and runs it as above, for the test to compare the
+two JSON lines. Used by tests/test_legacy_programs.py, one fresh process per
+program.
 """
 
+import contextlib
+import io
 import json
 import runpy
 import sys
@@ -75,8 +81,24 @@ def _record_construction(classes: List[type], made: List[str]) -> None:
     cls.__init__ = init
 
 
+def _run_captured(program: str) -> str:
+  """Runs PROGRAM as `__main__`; returns its last line, also echoed."""
+  out = io.StringIO()
+  sys.argv = [program]
+  try:
+    with contextlib.redirect_stdout(out):
+      runpy.run_path(program, run_name='__main__')
+  finally:
+    print(out.getvalue(), end='')
+  return out.getvalue().strip().splitlines()[-1]
+
+
 def main(argv: list) -> None:
   *flags, program = argv
+  if '--compare' in flags:
+    # TensorFlow's own wrapper, before anything is installed or recorded.
+    print(json.dumps({'theirs': json.loads(_run_captured(program))}))
+    tf.compat.v1.reset_default_graph()
   # TensorFlow's own v1 classes, before `install(override=True)` replaces
   # their names; then every class the names lead to once installed.
   classes = [_lookup(_NAMES[0]), _lookup(_NAMES[1])]

@@ -12,14 +12,19 @@ With --ours the scenarios use this library's classes in their place (Keras 3,
 or tf_keras under TF_USE_LEGACY_KERAS=1). The `members` scenarios record
 what TF 2.x's optimizer members return after a step (`members()`). The JSON
 maps each scenario to its trace; tests/test_traces.py compares ours with the
-originals'.
+originals'. On TensorFlow 1.15 (and with --ours, but under tf_keras) it also
+holds the JSON line of each TF1 program of tests/legacy/ compared with
+TensorFlow's wrapper (`tf1_programs`).
 """
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -340,11 +345,11 @@ def originals():
   """{scenario: trace} on the original TensorFlow running this."""
   version = '.'.join(tf.__version__.split('.')[:2])
   if version == '1.15':
-    return {'configs tf1.15': configs({}, tf.train.experimental),
-            'v1 session': v1_session(
+    return dict({'configs tf1.15': configs({}, tf.train.experimental),
+                 'v1 session': v1_session(
         tf, lambda ls: tf.train.experimental.MixedPrecisionLossScaleOptimizer(
             tf.train.MomentumOptimizer(0.1, 0.9), ls),
-        lambda: _dynamic(tf.train.experimental))}
+        lambda: _dynamic(tf.train.experimental))}, **tf1_programs(False))
   keras = tf.keras
   if version == '2.3':
     def make():
@@ -455,9 +460,46 @@ def ours():
   return traces
 
 
+def tf1_programs(through_ours):
+  """{'tf1 program NAME': its JSON line} for the TF1 programs compared.
+
+  Runs each program of tests/legacy/ whose header says
+  "# Compared: TensorFlow's wrapper" in a fresh process, in a scratch
+  directory: as it is, or with `through_ours` under this library's names
+  (run_program.py, `install(override=True)`).
+  """
+  legacy = os.path.join(os.path.dirname(_HERE), 'legacy')
+  found = {}
+  for name in sorted(os.listdir(legacy)):
+    path = os.path.join(legacy, name)
+    with open(path) as f:
+      header = f.read().splitlines()
+    if not (name.startswith('tf1_') and
+            "# Compared: TensorFlow's wrapper" in header):
+      continue
+    if '# Needs: tf.estimator' in header and not hasattr(tf, 'estimator'):
+      continue  # Gone from TensorFlow 2.16 on.
+    args = [sys.executable] + ([os.path.join(legacy, 'run_program.py'),
+                                '--override'] if through_ours else []) + [path]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(_HERE)] + [os.environ.get('PYTHONPATH', '')]))
+    with tempfile.TemporaryDirectory() as scratch:
+      run = subprocess.run(args, cwd=scratch, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, universal_newlines=True)
+    if run.returncode != 0:
+      raise RuntimeError('%s failed:\n%s' % (name, run.stderr[-4000:]))
+    # run_program.py prints the classes it saw last.
+    lines = run.stdout.strip().splitlines()
+    found['tf1 program ' + name] = json.loads(
+        lines[-2] if through_ours else lines[-1])
+  return found
+
+
 def main(argv):
   if argv[1:2] == ['--ours']:
     traces, out = ours(), argv[2]
+    if os.environ.get('TF_USE_LEGACY_KERAS') != '1':  # Once: no Keras there.
+      traces.update(tf1_programs(True))
   else:
     traces, out = originals(), argv[1]
   record = {'tensorflow': tf.__version__, 'traces': traces}
