@@ -1,0 +1,105 @@
+"""What `tf-loss-scale run` reads from a program's source, without running it.
+
+`tensorflow()` tells a program's TensorFlow generation where its names give
+it away; `report()` says what `run` with given settings gives the program
+(`tf-loss-scale run --check`), and what it cannot serve.
+"""
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+from tf_loss_scale import run_setup
+
+# Names only TF 1.x's own namespace has, after `import tensorflow as ALIAS`.
+_TF1_NAMES = (r'Session|InteractiveSession|placeholder|get_variable|'
+              r'global_variables_initializer|ConfigProto|contrib|'
+              r'train\.\w*Optimizer')
+_MARKER = re.compile(r'^# tf-loss-scale: --tf (\S+)', re.MULTILINE)
+
+
+def tensorflow(source: str) -> Tuple[Optional[str], Optional[str]]:
+  """The program's TensorFlow, `'1'` or `'2.N'`, and what tells it; or None.
+
+  A `# tf-loss-scale: --tf VERSION` line says it; else a TF1-only name of
+  `import tensorflow as tf` (`tf.Session`, `tf.placeholder`,
+  `tf.train.MomentumOptimizer`...) tells `'1'`, and TF 2.1-2.3's
+  `mixed_precision.experimental` tells `'2.3'`.
+
+  Args:
+    source: The program's text.
+
+  Returns:
+    `(version, reason)`, or `(None, None)` when nothing tells.
+  """
+  marker = _MARKER.search(source)
+  if marker:
+    return marker.group(1), f'its "{marker.group(0)}" line'
+  found = _tf1_name(source)
+  if found:
+    return '1', f'{found.group(0)} on line {_line(source, found.start())}'
+  found = re.search(r'mixed_precision\.experimental|'
+                    r'mixed_precision import experimental', source)
+  if found:
+    return '2.3', f'{found.group(0)} on line {_line(source, found.start())}'
+  return None, None
+
+
+def report(source: str, settings: Dict[str, str],
+           guessed: Optional[str]) -> Tuple[List[str], List[str]]:
+  """What the program gets under `settings`, and what `run` cannot serve.
+
+  Args:
+    source: The program's text.
+    settings: As for `run_setup.apply`.
+    guessed: What told the program's TensorFlow, when `tensorflow()` did.
+
+  Returns:
+    `(lines, warnings)`, each a list of sentences.
+  """
+  tf_version = settings.get('tf')
+  version = run_setup.generation(tf_version)
+  if settings['keras'] == '3':
+    keras = 'Keras 3: tf.keras and keras are Keras 3'
+  elif settings['alias'] == '1':
+    keras = ('Keras 2: tf.keras, tensorflow.keras, keras and keras.* are '
+             'tf_keras (TF_USE_LEGACY_KERAS=1)')
+  else:
+    keras = 'Keras 2: tf.keras and keras are the Keras 2 TensorFlow ships'
+  lines = [keras]
+  if tf_version:
+    told = f' (read from {guessed})' if guessed else ''
+    lines.append(f'TensorFlow {tf_version}{told}')
+  if version == (1,):
+    lines.append('import tensorflow gives tensorflow.compat.v1, v2 behaviour '
+                 'disabled; tf.keras is tf_keras\'s v1 API')
+  if version and version <= run_setup.LAST_LEGACY_OPTIMIZERS:
+    lines.append('tf.keras.optimizers.SGD, Adam, ... are tf_keras\'s legacy '
+                 'optimizers (OptimizerV2), as TensorFlow 2.10 and before had')
+  lines.append('tf_loss_scale.compat.install(override=True): the legacy loss '
+               'scaling names are this library\'s')
+  lines.append('child processes (multiprocessing, sys.executable) are set up '
+               'the same way')
+  warnings = []
+  for found in re.finditer(r'\b\w+\.contrib\b|tensorflow\.contrib', source):
+    warnings.append(f'line {_line(source, found.start())}: {found.group(0)}: '
+                    f'{run_setup.CONTRIB_MESSAGE}')
+  found = _tf1_name(source) if version != (1,) else None
+  if found:
+    warnings.append(f'line {_line(source, found.start())}: {found.group(0)} '
+                    'is TensorFlow 1\'s: pass --tf 1')
+  return lines, warnings
+
+
+def _tf1_name(source: str) -> Optional[re.Match]:
+  """The first TF1-only name after `import tensorflow as ALIAS`, if any."""
+  for imported in re.finditer(r'^import tensorflow as (\w+)', source,
+                              re.MULTILINE):
+    found = re.compile(rf'\b{imported.group(1)}\.({_TF1_NAMES})\b').search(
+        source, imported.end())
+    if found:
+      return found
+  return None
+
+
+def _line(source: str, offset: int) -> int:
+  return source.count('\n', 0, offset) + 1
