@@ -328,6 +328,15 @@ def test_check_says_what_the_program_gets_without_running_it(tmp_path):
   assert lines[3].startswith('import tensorflow gives tensorflow.compat.v1')
   assert lines[-1].startswith('warning: line 4: tf.contrib: tf.contrib was '
                               'removed in TensorFlow 2'), lines
+  # Names in strings and comments tell nothing.
+  path.write_text("""'''Once tf.Session code; tf.contrib is gone.'''\n"""
+                  'import tensorflow as tf  # not tf.placeholder\n'
+                  "print(tf.constant('mixed_precision.experimental'))\n")
+  done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--check',
+                            str(path)], cwd=str(tmp_path))
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert not [line for line in done.stdout.splitlines()
+              if line.startswith(('TensorFlow', 'warning'))], done.stdout
   # A marker line says the generation; nothing to warn about.
   path.write_text('# tf-loss-scale: --tf 2.3\nimport tensorflow as tf\n')
   done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--check',

@@ -47,7 +47,8 @@ def run(program: str, args: List[str], keras: Optional[str] = None,
     tf_version: The program's TensorFlow: `'1'` (TF 1.x code: it runs on
       `tensorflow.compat.v1`), or `'2.N'` (2.10 and before: tf_keras's
       legacy optimizers under the optimizers' names). None: read from the
-      program (`guess.tensorflow`), printed when found.
+      program (`guess.tensorflow`), printed when found, unless `keras` is
+      `'3'`.
     check: Whether to print what the program will get, and warnings,
       instead of running it (`guess.report`).
 
@@ -71,6 +72,8 @@ def run(program: str, args: List[str], keras: Optional[str] = None,
   guessed = None
   if tf_version is None:
     tf_version, guessed = guess.tensorflow(source)
+    if keras == KERAS_3 and tf_version:
+      tf_version = guessed = None  # Said on the command line: Keras 3.
   version = run_setup.generation(tf_version)
   if keras is None:
     keras = KERAS_3 if version and version >= (2, 16) else KERAS_2

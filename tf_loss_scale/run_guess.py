@@ -5,7 +5,9 @@ it away; `report()` says what `run` with given settings gives the program
 (`tf-loss-scale run --check`), and what it cannot serve.
 """
 
+import io
 import re
+import tokenize
 from typing import Dict, List, Optional, Tuple
 
 from tf_loss_scale import run_setup
@@ -34,6 +36,7 @@ def tensorflow(source: str) -> Tuple[Optional[str], Optional[str]]:
   marker = _MARKER.search(source)
   if marker:
     return marker.group(1), f'its "{marker.group(0)}" line'
+  source = _code(source)
   found = _tf1_name(source)
   if found:
     return '1', f'{found.group(0)} on line {_line(source, found.start())}'
@@ -80,6 +83,7 @@ def report(source: str, settings: Dict[str, str],
   lines.append('child processes (multiprocessing, sys.executable) are set up '
                'the same way')
   warnings = []
+  source = _code(source)
   for found in re.finditer(r'\b\w+\.contrib\b|tensorflow\.contrib', source):
     warnings.append(f'line {_line(source, found.start())}: {found.group(0)}: '
                     f'{run_setup.CONTRIB_MESSAGE}')
@@ -99,6 +103,24 @@ def _tf1_name(source: str) -> Optional[re.Match]:
     if found:
       return found
   return None
+
+
+def _code(source: str) -> str:
+  """The source with its strings and comments blanked, lines kept."""
+  lines = source.splitlines(keepends=True)
+  try:
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+  except (tokenize.TokenError, SyntaxError):
+    return source  # Python will say what is wrong when it runs.
+  for token in tokens:
+    if token.type in (tokenize.STRING, tokenize.COMMENT):
+      (first, start), (last, end) = token.start, token.end
+      for row in range(first - 1, last):
+        line = lines[row]
+        begin = start if row == first - 1 else 0
+        stop = end if row == last - 1 else len(line.rstrip('\r\n'))
+        lines[row] = line[:begin] + ' ' * (stop - begin) + line[stop:]
+  return ''.join(lines)
 
 
 def _line(source: str, offset: int) -> int:
