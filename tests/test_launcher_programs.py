@@ -3,8 +3,9 @@
 tests/legacy/launcher/ holds programs written for one TensorFlow each (the
 prefix says which: tf1_ TF 1.15, tf23_ TF 2.3, tf24_ TF 2.4-2.15), none of
 which runs on today's TensorFlow with `python PROGRAM.py`: TF 1.x's own
-namespace, one TF 2.3 optimizer for two models (with `decay`), `import
-keras` for Keras 2, training in child processes. Each runs here as users
+namespace, one TF 2.3 optimizer for two models (with `decay`), TF 2.3's
+Adam with a schedule that has no `get_config`, `import keras` for Keras 2,
+training in child processes. Each runs here as users
 run it, `tf-loss-scale run PROGRAM.py ARGS` with nothing else said, and
 prints its loss scales, iterations (or global steps) and weights: they must
 be those its own TensorFlow gives, running the program with `python`.
@@ -13,7 +14,9 @@ be those its own TensorFlow gives, running the program with `python`.
 TensorFlow 1.15.0, 2.3.4 and 2.15.1 (the CPU packages). `.ci/run
 originals` runs them again there and writes `launcher-NAME.json` into
 .ci/logs/originals/; when that file is present, the run is checked against it
-as well.
+as well. A program the library still fails in a known way
+(`_KNOWN_FAILURE`) is an expected failure while it does, and is checked as
+the others once it runs.
 """
 
 import concurrent.futures
@@ -58,11 +61,27 @@ _RECORDED = {
         'iterations': [1, 2, 3, 4, 5, 11],
         'first_kernel': 0.758560061454773,
         'second_kernel': 1.4683257341384888},
+    # TensorFlow 2.3.4: Adam's steps follow the schedule, 0.1 / (1 + step).
+    'tf23_adam_schedule.py': {
+        'loss_scale': [16384.0, 16384.0, 32768.0, 16384.0, 16384.0, 32768.0],
+        'iterations': [1, 2, 3, 4, 5, 6],
+        'kernel': [0.0, 0.03720667585730553, 0.0658012256026268,
+                   0.0658012256026268, 0.08285011351108551,
+                   0.09778402745723724]},
     # TensorFlow 2.15.1 (Keras 2.15).
     'tf24_import_keras.py': {
         'loss_scale': _SCALES, 'iterations': list(range(1, 9)),
         'kernel': _KERNELS},
     'tf24_child_processes.py': {'spawn': _CHILD, 'subprocess': _CHILD},
+}
+
+# Program -> (the end of its traceback, why), while the library fails it.
+_KNOWN_FAILURE = {
+    'tf23_adam_schedule.py': (
+        "NotImplementedError: Learning rate schedule 'InverseTime' must "
+        'override `get_config()`',
+        "the TF 2.0-2.3 form reads the inner optimizer's config when it is "
+        'made, which a schedule without get_config refuses'),
 }
 
 
@@ -109,6 +128,8 @@ def test_every_program_has_recorded_numbers():
 def test_program_prints_what_its_tensorflow_printed(name, runs):
   done = runs[name]
   assert done is not None, f'{name}: killed after {_TIMEOUT} s'
+  if name in _KNOWN_FAILURE and _KNOWN_FAILURE[name][0] in done.stderr:
+    pytest.xfail(_KNOWN_FAILURE[name][1])
   assert done.returncode == 0, (
       f'tf-loss-scale run {name} exited with {done.returncode}:\n'
       f'{done.stderr[-4000:]}')
