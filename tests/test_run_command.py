@@ -193,13 +193,17 @@ def test_a_missing_program(tmp_path):
 
 
 @pytest.mark.parametrize('keras', ['2', '3'])
-def test_children_are_set_up_as_the_program(keras, tmp_path):
+def test_children_are_set_up_as_the_program(keras, tmp_path, monkeypatch):
   if keras == '3':
     versions.KERAS_3.require()
   else:
     _require_keras_2()
   path = tmp_path / 'parent.py'
   path.write_text(_CHILDREN)
+  # The user's own sitecustomize, on the child's PYTHONPATH, still runs.
+  (tmp_path / 'site').mkdir()
+  (tmp_path / 'site' / 'sitecustomize.py').write_text('MARK = "theirs"\n')
+  monkeypatch.syspath_prepend(str(tmp_path / 'site'))
   done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--keras', keras,
                             str(path)], cwd=str(tmp_path))
   assert done.returncode == 0, done.stderr[-3000:]
@@ -207,10 +211,11 @@ def test_children_are_set_up_as_the_program(keras, tmp_path):
   if keras == '2':
     expected = {'keras': _keras_2_package(),
                 'legacy_keras': '1' if versions.KERAS_3 else None,
-                'installed': True, 'v1_class': _OURS_V1}
+                'installed': True, 'v1_class': _OURS_V1,
+                'sitecustomize': 'theirs'}
   else:
     expected = {'keras': 'keras', 'legacy_keras': None, 'installed': True,
-                'v1_class': _OURS_V1}
+                'v1_class': _OURS_V1, 'sitecustomize': 'theirs'}
   assert report == {'spawn': expected, 'subprocess': expected}
 
 
@@ -232,7 +237,9 @@ _CHILDREN = textwrap.dedent('''\
               'legacy_keras': os.environ.get('TF_USE_LEGACY_KERAS'),
               'installed': tf_loss_scale.compat.is_installed(),
               'v1_class': class_name(
-                  tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer)}
+                  tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer),
+              'sitecustomize': getattr(sys.modules.get('sitecustomize'),
+                                       'MARK', None)}
 
 
     if __name__ == '__main__':

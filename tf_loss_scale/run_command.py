@@ -16,6 +16,7 @@ import importlib.util
 import os
 import re
 import runpy
+import site
 import subprocess
 import sys
 from importlib import metadata
@@ -132,15 +133,27 @@ def _legacy_keras_setting(keras: str) -> Union[bool, None, str]:
 
 def _set_environ(environ: MutableMapping[str, str], legacy: Optional[bool],
                  settings: Dict[str, str]) -> None:
-  """`TF_USE_LEGACY_KERAS`, the set-up, and `run_site` and this library on
-  `PYTHONPATH` (for `sitecustomize`)."""
+  """Sets `TF_USE_LEGACY_KERAS`, the set-up, and `PYTHONPATH`.
+
+  `PYTHONPATH` gets `run_site` (for its `sitecustomize`) and, unless it is
+  a site directory, which every interpreter has, the one this library is
+  in: a site directory there would come before the standard library.
+
+  Args:
+    environ: `os.environ`, or a copy for a child.
+    legacy: As `_legacy_keras_setting` returned it.
+    settings: As for `run_setup.apply`.
+  """
   if legacy is True:
     environ['TF_USE_LEGACY_KERAS'] = '1'
   elif legacy is False:
     environ.pop('TF_USE_LEGACY_KERAS', None)
   environ[run_setup.ENVIRON] = run_setup.encode(settings)
   package = os.path.dirname(os.path.abspath(__file__))
-  paths = [os.path.join(package, 'run_site'), os.path.dirname(package)]
+  paths = [os.path.join(package, 'run_site')]
+  if os.path.dirname(package) not in site.getsitepackages() + [
+      site.getusersitepackages()]:
+    paths.append(os.path.dirname(package))
   environ['PYTHONPATH'] = os.pathsep.join(paths + [
       p for p in environ.get('PYTHONPATH', '').split(os.pathsep)
       if p and p not in paths])

@@ -1,7 +1,8 @@
 """Started by every interpreter under `tf-loss-scale run` (it is on PYTHONPATH).
 
 Applies the launcher's set-up (`tf_loss_scale.run_setup`) where the
-environment asks for it, then runs the `sitecustomize` this one hides, if any.
+environment asks for it, in an interpreter that has this library; then runs
+the `sitecustomize` this one hides, if any.
 """
 
 import importlib.machinery
@@ -9,9 +10,12 @@ import importlib.util
 import os
 import sys
 
-from tf_loss_scale import run_setup
-
-run_setup.apply_from_environ()
+try:
+  from tf_loss_scale import run_setup
+except ImportError:  # another interpreter, without this library
+  pass
+else:
+  run_setup.apply_from_environ()
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _hidden = importlib.machinery.PathFinder.find_spec(
