@@ -321,6 +321,8 @@ def test_check_says_what_the_program_gets_without_running_it(tmp_path):
       open('ran', 'w').close()
       x = tf.placeholder(tf.float32)
       y = tf.contrib.layers.fully_connected(x, 1)
+      opt = tf.train.experimental.MixedPrecisionLossScaleOptimizer(
+          tf.train.GradientDescentOptimizer(0.1), 'dynamic')
       '''))
   done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--check',
                             str(path)], cwd=str(tmp_path))
@@ -333,6 +335,10 @@ def test_check_says_what_the_program_gets_without_running_it(tmp_path):
                         'keras.* are tf_keras (TF_USE_LEGACY_KERAS=1)')
   assert lines[2] == 'TensorFlow 1 (read from tf.placeholder on line 3)'
   assert lines[3].startswith('import tensorflow gives tensorflow.compat.v1')
+  names = lines.index('compat.install(override=True) runs; of the loss '
+                      'scaling names it serves, the program uses these:')
+  assert lines[names + 1] == ('  line 5: MixedPrecisionLossScaleOptimizer: '
+                              'tf_loss_scale.MixedPrecisionLossScaleOptimizer')
   assert lines[-1].startswith('warning: line 4: tf.contrib: tf.contrib was '
                               'removed in TensorFlow 2'), lines
   # Names in strings and comments tell nothing.

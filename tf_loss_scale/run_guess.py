@@ -16,6 +16,23 @@ from tf_loss_scale import run_setup
 _TF1_NAMES = (r'Session|InteractiveSession|placeholder|get_variable|'
               r'global_variables_initializer|ConfigProto|contrib|'
               r'train\.\w*Optimizer')
+_EXPERIMENTAL = (r'mixed_precision\.experimental\b|'
+                 r'mixed_precision import experimental\b')
+# A loss scaling name old code used, and what `run` gives under it.
+_NAMES = (
+    (r'\bMixedPrecisionLossScaleOptimizer\b',
+     'tf_loss_scale.MixedPrecisionLossScaleOptimizer'),
+    (r'\benable_mixed_precision_graph_rewrite\b',
+     'tf_loss_scale\'s graph rewrite, wrapping with the library\'s classes'),
+    (r'\b(?:Dynamic|Fixed)LossScale\b', 'tf_loss_scale.{}'),
+    (_EXPERIMENTAL, 'tf_loss_scale.keras.experimental (LossScaleOptimizer, '
+     'Policy, set_policy)'),
+)
+# TF 2.4-2.15's class, where the program does not name TF 2.3's.
+_TF24 = (r'mixed_precision\.LossScaleOptimizer\b|'
+         r'mixed_precision import [^\n]*\bLossScaleOptimizer\b')
+_TF24_KERAS2 = "Keras 2's own class (compat.install() leaves it)"
+_TF24_KERAS3 = 'tf_loss_scale.keras.mixed_precision.LossScaleOptimizer'
 _MARKER = re.compile(r'^# tf-loss-scale: --tf (\S+)', re.MULTILINE)
 
 
@@ -74,16 +91,25 @@ def report(source: str, settings: Dict[str, str],
     lines.append(f'TensorFlow {tf_version}{told}')
   if version == (1,):
     lines.append('import tensorflow gives tensorflow.compat.v1, v2 behaviour '
-                 'disabled; tf.keras is tf_keras\'s v1 API')
+                 'disabled; tf.keras is Keras 2\'s v1 API')
   if version and version <= run_setup.LAST_LEGACY_OPTIMIZERS:
     lines.append('tf.keras.optimizers.SGD, Adam, ... are tf_keras\'s legacy '
                  'optimizers (OptimizerV2), as TensorFlow 2.10 and before had')
-  lines.append('tf_loss_scale.compat.install(override=True): the legacy loss '
-               'scaling names are this library\'s')
+  source = _code(source)
+  tf24 = _TF24_KERAS3 if settings['keras'] == '3' else _TF24_KERAS2
+  names = sorted(
+      (_line(source, found.start()), found.group(0), given)
+      for pattern, given in _NAMES + ((_TF24, tf24),) * (
+          not re.search(_EXPERIMENTAL, source))
+      for found in [re.search(pattern, source)] if found)
+  lines.append('compat.install(override=True) runs; of the loss scaling '
+               'names it serves, the program uses ' +
+               ('these:' if names else 'none'))
+  lines += [f'  line {line}: {name}: {given.format(name)}'
+            for line, name, given in names]
   lines.append('child processes (multiprocessing, sys.executable) are set up '
                'the same way')
   warnings = []
-  source = _code(source)
   for found in re.finditer(r'\b\w+\.contrib\b|tensorflow\.contrib', source):
     warnings.append(f'line {_line(source, found.start())}: {found.group(0)}: '
                     f'{run_setup.CONTRIB_MESSAGE}')
