@@ -3,7 +3,8 @@
 tests/legacy/launcher/ holds programs written for one TensorFlow each (the
 prefix says which: tf1_ TF 1.15, tf23_ TF 2.3, tf24_ TF 2.4-2.15), none of
 which runs on today's TensorFlow with `python PROGRAM.py`: TF 1.x's own
-namespace, one TF 2.3 optimizer for two models (with `decay`), TF 2.3's
+namespace, one Keras optimizer for two models (TF 1.15's in graph mode;
+TF 2.3's in a loop and `fit`, with `decay`), TF 2.3's
 Adam with a schedule that has no `get_config`, `import keras` for Keras 2,
 training in child processes. Each runs here as users
 run it, `tf-loss-scale run PROGRAM.py ARGS` with nothing else said, and
@@ -54,6 +55,12 @@ _RECORDED = {
     'tf1_namespace_session.py': {
         'loss_scale': _SCALES, 'global_step': [0, 1, 2, 2, 3, 4, 5, 6],
         'skipped': 2, 'w': _KERNELS, 'argv': _ARGS},
+    # TensorFlow 1.15.0: 5 steps of `fit` per model; `iterations` counts
+    # the applied steps only (2 skipped for the first model, 1 for the
+    # second).
+    'tf1_keras_optimizer_two_models.py': {
+        'loss_scale': [16384.0, 32768.0], 'iterations': [3, 7],
+        'kernel': [0.7709336280822754, 1.1597094535827637]},
     # TensorFlow 2.3.4: `iterations` counts the skipped steps too; `fit`
     # runs 6 steps on the second model with the same optimizer.
     'tf23_one_optimizer_two_models.py': {
@@ -77,6 +84,11 @@ _RECORDED = {
 
 # Program -> (the end of its traceback, why), while the library fails it.
 _KNOWN_FAILURE = {
+    'tf1_keras_optimizer_two_models.py': (
+        'FailedPreconditionError: Could not find variable current_loss_scale',
+        "the TF 2.0-2.3 form's loss scale variable is not among those Keras "
+        "initializes in its TF1 session, so graph-mode `fit` reads it "
+        'uninitialized'),
     'tf23_adam_schedule.py': (
         "NotImplementedError: Learning rate schedule 'InverseTime' must "
         'override `get_config()`',

@@ -15,7 +15,7 @@ from tf_loss_scale import run_setup
 # Names only TF 1.x's own namespace has, after `import tensorflow as ALIAS`.
 _TF1_NAMES = (r'Session|InteractiveSession|placeholder|get_variable|'
               r'global_variables_initializer|ConfigProto|contrib|'
-              r'train\.\w*Optimizer')
+              r'train\.\w*Optimizer|keras\.backend\.get_session')
 _EXPERIMENTAL = (r'mixed_precision\.experimental\b|'
                  r'mixed_precision import experimental\b')
 # A loss scaling name old code used, and what `run` gives under it.
