@@ -109,7 +109,8 @@ def test_keras_2_argv_and_exit_status(program, tmp_path):
   assert report['path0'] == str(tmp_path)
   assert report['file'] == program
   # `import keras` is Keras 2 too: tf_keras where `keras` is Keras 3.
-  assert report['keras'] == [_keras_2_package(), metadata.version(_keras_2_package())]
+  assert report['keras'] == [_keras_2_package(),
+                             metadata.version(_keras_2_package())]
   # TensorFlow 2.11+'s optimizers, for a program that does not say older.
   assert not [n for n in report['optimizers'] if '.legacy.' in n], report
   assert report['sgd'].startswith(_keras_2_package() + '.'), report
@@ -236,8 +237,8 @@ _CHILDREN = textwrap.dedent('''\
       return {'keras': keras.__name__,
               'legacy_keras': os.environ.get('TF_USE_LEGACY_KERAS'),
               'installed': tf_loss_scale.compat.is_installed(),
-              'v1_class': class_name(
-                  tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer),
+              'v1_class': class_name(tf.compat.v1.mixed_precision.
+                                     MixedPrecisionLossScaleOptimizer),
               'sitecustomize': getattr(sys.modules.get('sitecustomize'),
                                        'MARK', None)}
 
@@ -283,7 +284,8 @@ _TF1 = textwrap.dedent('''\
         'is_compat_v1': tf.__name__.endswith('compat.v1'),
         'compat_v1_is_it': v1 is tf,
         'eager': tf.executing_eagerly(),
-        'v1_class': name(tf.train.experimental.MixedPrecisionLossScaleOptimizer),
+        'v1_class': name(
+            tf.train.experimental.MixedPrecisionLossScaleOptimizer),
         'dynamic': name(tf.mixed_precision.DynamicLossScale),
         # Loaded now: the library's modules keep the real module.
         'library_tf': importlib.import_module(

@@ -48,9 +48,11 @@ def decode(text: str) -> Dict[str, str]:
   return dict(item.split('=', 1) for item in text.split(',') if item)
 
 
-def generation(tf_version: Optional[str]) -> Optional[tuple]:
+def generation(tf_version: Optional[str]) -> Optional[Tuple[int, ...]]:
   """`'2.3'` -> `(2, 3)`, `'1'` -> `(1,)`, None -> None."""
-  return tuple(int(part) for part in tf_version.split('.')) if tf_version else None
+  if tf_version is None:
+    return None
+  return tuple(int(part) for part in tf_version.split('.'))
 
 
 def apply_from_environ() -> None:

@@ -4,9 +4,11 @@
 `tf.keras.mixed_precision.experimental.LossScaleOptimizer` around
 `tf.keras.optimizers.SGD(momentum=0.9)` with a `DynamicLossScale` that
 starts at 2**15 and doubles after 2 good steps, for a `mixed_float16`
-layer (TF 1.15 takes no global policy in graph mode); `compile` and `fit` of one model, then of a second with the same
-optimizer, as TF 1.15's optimizers (`OptimizerV2`) allowed. Prints the loss
-scale and `iterations` after each `fit`, and the kernels.
+layer (TF 1.15 takes no global policy in graph mode); `compile` and `fit`
+of one model, then of a second with the same optimizer, as TF 1.15's
+optimizers (`OptimizerV2`) allowed. Prints the loss scale and `iterations`
+after each `fit`, and the kernels. `tf-loss-scale run` reads TensorFlow 1
+from `tf.keras.backend.get_session`.
 """
 
 import json
