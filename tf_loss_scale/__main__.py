@@ -13,7 +13,6 @@ and the commands can keep TensorFlow's start-up log off the terminal.
 
 import argparse
 import os
-import re
 import sys
 from typing import List, Optional
 
@@ -166,7 +165,8 @@ def _number(text: str) -> float:
 
 
 def _tf_version(text: str) -> str:
-  if not re.fullmatch(r'1|2\.\d+', text):
+  from tf_loss_scale import run_command  # pylint: disable=g-import-not-at-top
+  if not run_command.TF_VERSION.fullmatch(text):
     raise argparse.ArgumentTypeError(
         f"{text!r}: the program's TensorFlow is 1 or 2.N (e.g. 2.3)")
   return text

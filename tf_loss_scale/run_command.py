@@ -28,6 +28,8 @@ from tf_loss_scale import run_setup
 KERAS_2 = '2'
 KERAS_3 = '3'
 KERAS_CHOICES = (KERAS_2, KERAS_3)
+# What `--tf` takes: 1, or 2.N.
+TF_VERSION = re.compile(r'1|2\.\d+')
 
 # Set in the fresh interpreter, so that it never starts another one.
 _FRESH = 'TF_LOSS_SCALE_RUN_FRESH'
@@ -64,7 +66,7 @@ def run(program: str, args: List[str], keras: Optional[str] = None,
   """
   if keras not in KERAS_CHOICES + (None,):
     raise ValueError(f'keras={keras!r}: pass one of {KERAS_CHOICES}')
-  if tf_version is not None and not re.fullmatch(r'1|2\.\d+', tf_version):
+  if tf_version is not None and not TF_VERSION.fullmatch(tf_version):
     raise ValueError(f"tf_version={tf_version!r}: pass '1' or '2.N'")
   if not os.path.isfile(program):
     return _fail(f"can't open file {program!r}: no such file")
