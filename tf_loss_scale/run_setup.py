@@ -114,14 +114,11 @@ def _set_up_tensorflow(settings: Dict[str, str]) -> None:
 def _legacy_optimizers(tf: types.ModuleType) -> None:
   """TF 2.10's optimizers under the names a TF 2.10 program reads."""
   legacy = tf.keras.optimizers.legacy
-  namespaces = []
+  # Up to three modules: tf.keras's, `import tensorflow.keras`'s, Keras's.
   for namespace in (tf.keras.optimizers,
                     importlib.import_module('tensorflow.keras.optimizers'),
                     importlib.import_module(
                         legacy.SGD.__module__.split('.')[0] + '.optimizers')):
-    if all(namespace is not seen for seen in namespaces):
-      namespaces.append(namespace)
-  for namespace in namespaces:
     for name in _LEGACY_OPTIMIZER_NAMES:
       setattr(namespace, name, getattr(legacy, name))
 
