@@ -193,8 +193,10 @@ def test_a_missing_program(tmp_path):
   assert "can't open file 'nowhere.py'" in done.stderr
 
 
-@pytest.mark.parametrize('keras', ['2', '3'])
-def test_children_are_set_up_as_the_program(keras, tmp_path, monkeypatch):
+@pytest.mark.parametrize('keras,tf_version', [('2', None), ('3', None),
+                                              ('2', '1')])
+def test_children_are_set_up_as_the_program(keras, tf_version, tmp_path,
+                                             monkeypatch):
   if keras == '3':
     versions.KERAS_3.require()
   else:
@@ -205,18 +207,20 @@ def test_children_are_set_up_as_the_program(keras, tmp_path, monkeypatch):
   (tmp_path / 'site').mkdir()
   (tmp_path / 'site' / 'sitecustomize.py').write_text('MARK = "theirs"\n')
   monkeypatch.syspath_prepend(str(tmp_path / 'site'))
-  done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--keras', keras,
-                            str(path)], cwd=str(tmp_path))
+  done = fresh_process.run(
+      ['-m', 'tf_loss_scale', 'run', '--keras', keras] +
+      (['--tf', tf_version] if tf_version else []) + [str(path)],
+      cwd=str(tmp_path))
   assert done.returncode == 0, done.stderr[-3000:]
   report = _report(done)
   if keras == '2':
     expected = {'keras': _keras_2_package(),
                 'legacy_keras': '1' if versions.KERAS_3 else None,
                 'installed': True, 'v1_class': _OURS_V1,
-                'sitecustomize': 'theirs'}
+                'sitecustomize': 'theirs', 'tf1': tf_version == '1'}
   else:
     expected = {'keras': 'keras', 'legacy_keras': None, 'installed': True,
-                'v1_class': _OURS_V1, 'sitecustomize': 'theirs'}
+                'v1_class': _OURS_V1, 'sitecustomize': 'theirs', 'tf1': False}
   assert report == {'spawn': expected, 'subprocess': expected}
 
 
@@ -240,7 +244,8 @@ _CHILDREN = textwrap.dedent('''\
               'v1_class': class_name(tf.compat.v1.mixed_precision.
                                      MixedPrecisionLossScaleOptimizer),
               'sitecustomize': getattr(sys.modules.get('sitecustomize'),
-                                       'MARK', None)}
+                                       'MARK', None),
+              'tf1': hasattr(tf, 'placeholder')}
 
 
     if __name__ == '__main__':
