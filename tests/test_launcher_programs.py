@@ -23,6 +23,7 @@ the others once it runs.
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,16 +83,17 @@ _RECORDED = {
     'tf24_child_processes.py': {'spawn': _CHILD, 'subprocess': _CHILD},
 }
 
-# Program -> (the end of its traceback, why), while the library fails it.
+# Program -> (a pattern of its error, why), while the library fails it.
 _KNOWN_FAILURE = {
     'tf1_keras_optimizer_two_models.py': (
-        'FailedPreconditionError: Could not find variable current_loss_scale',
+        'FailedPreconditionError: Could not find variable '
+        '(current_loss_scale|good_steps)',
         "the TF 2.0-2.3 form's loss scale variable is not among those Keras "
         "initializes in its TF1 session, so graph-mode `fit` reads it "
         'uninitialized'),
     'tf23_adam_schedule.py': (
         "NotImplementedError: Learning rate schedule 'InverseTime' must "
-        'override `get_config()`',
+        r'override `get_config\(\)`',
         "the TF 2.0-2.3 form reads the inner optimizer's config when it is "
         'made, which a schedule without get_config refuses'),
 }
@@ -140,7 +142,8 @@ def test_every_program_has_recorded_numbers():
 def test_program_prints_what_its_tensorflow_printed(name, runs):
   done = runs[name]
   assert done is not None, f'{name}: killed after {_TIMEOUT} s'
-  if name in _KNOWN_FAILURE and _KNOWN_FAILURE[name][0] in done.stderr:
+  if name in _KNOWN_FAILURE and re.search(_KNOWN_FAILURE[name][0],
+                                          done.stderr):
     pytest.xfail(_KNOWN_FAILURE[name][1])
   assert done.returncode == 0, (
       f'tf-loss-scale run {name} exited with {done.returncode}:\n'
