@@ -112,6 +112,9 @@ def test_wheel_metadata_names_version_license_and_pythons(wheel):
               '3.8', '3.9', '3.10', '3.11', '3.12', '3.13']
   assert 'tf_loss_scale/keras/loss_scale_optimizer.py' in names
   assert 'tf_loss_scale/demo/runner.py' in names
+  # No __init__.py (`tf-loss-scale run` puts the directory on PYTHONPATH):
+  # the wheel has it as a namespace package.
+  assert 'tf_loss_scale/run_site/sitecustomize.py' in names
   assert not [n for n in names if n.startswith(('tests/', 'benchmarks/'))]
 
 

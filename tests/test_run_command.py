@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import textwrap
+from importlib import metadata
 
 import pytest
 
@@ -18,10 +19,12 @@ import versions
 
 _PROGRAM = textwrap.dedent('''\
     """Reports the Keras, the classes under the legacy names and its argv."""
+    import importlib
     import json
     import os
     import sys
 
+    import keras
     import tensorflow as tf
 
 
@@ -42,6 +45,12 @@ _PROGRAM = textwrap.dedent('''\
             tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer),
         'main': __name__,
         'path0': sys.path[0],
+        'file': __file__,
+        'keras': [keras.__name__, keras.__version__],
+        'optimizers': [name(tf.keras.optimizers.SGD),
+                       name(keras.optimizers.Adam),
+                       name(importlib.import_module(
+                           'tensorflow.keras.optimizers').RMSprop)],
     }))
     sys.stdout.flush()
     if sys.argv[1:2] == ['--raise']:
@@ -78,19 +87,32 @@ def _keras_2_package() -> str:
   return 'tf_keras' if versions.KERAS_3 else 'keras'
 
 
+def _require_keras_2():
+  if versions.KERAS_3:
+    versions.TF_KERAS_INSTALLED.require()
+
+
 def test_keras_2_argv_and_exit_status(program, tmp_path):
   if versions.KERAS_3:
     versions.TF_KERAS_INSTALLED.require()
   # The program's arguments, options of the command's own spelling included,
   # are the program's; its `sys.exit` code is the command's.
   done = fresh_process.run(['-m', 'tf_loss_scale', 'run', program,
-                            '--exit', '3', '--keras', '3', '-x'],
+                            '--exit', '3', '--', '-5', '--keras', '3', '-x'],
                            cwd=str(tmp_path))
   assert done.returncode == 3, done.stderr[-3000:]
   report = _report(done)
-  assert report['argv'] == [program, '--exit', '3', '--keras', '3', '-x']
+  # Whole, `--` included, as `python old_program.py ...` gives it.
+  assert report['argv'] == [program, '--exit', '3', '--', '-5', '--keras',
+                            '3', '-x']
   assert report['main'] == '__main__'
   assert report['path0'] == str(tmp_path)
+  assert report['file'] == program
+  # `import keras` is Keras 2 too: tf_keras where `keras` is Keras 3.
+  assert report['keras'] == [_keras_2_package(),
+                             metadata.version(_keras_2_package())]
+  # TensorFlow 2.11+'s optimizers, for a program that does not say older.
+  assert not [n for n in report['optimizers'] if '.legacy.' in n], report
   assert report['sgd'].startswith(_keras_2_package() + '.'), report
   assert report['legacy_keras'] == ('1' if versions.KERAS_3 else None)
   # install(override=True) ran: TF1's name is the library's class.
@@ -108,13 +130,14 @@ def test_keras_3_and_the_programs_traceback(program, tmp_path):
   report = _report(done)
   assert report['legacy_keras'] is None  # removed, though the caller set it
   assert report['sgd'].startswith('keras.'), report
+  assert report['keras'] == ['keras', metadata.version('keras')]
   assert report['tf24_class'] == _OURS_TF24
   assert report['v1_class'] == _OURS_V1
   traceback = done.stderr[done.stderr.index('Traceback'):].splitlines()
   # As `python old_program.py` prints it: from the program's module on.
   assert traceback[0] == 'Traceback (most recent call last):'
-  assert traceback[1] == f'  File "{program}", line 29, in <module>'
-  assert f'  File "{program}", line 13, in fail' in traceback
+  assert traceback[1] == f'  File "{program}", line 37, in <module>'
+  assert f'  File "{program}", line 15, in fail' in traceback
   assert traceback[-1] == 'RuntimeError: the program failed on purpose'
   assert not [line for line in traceback
               if 'runpy' in line or 'tf_loss_scale' in line], traceback
@@ -168,3 +191,189 @@ def test_a_missing_program(tmp_path):
                            cwd=str(tmp_path))
   assert done.returncode == 2
   assert "can't open file 'nowhere.py'" in done.stderr
+
+
+@pytest.mark.parametrize('keras,tf_version', [('2', None), ('3', None),
+                                              ('2', '1')])
+def test_children_are_set_up_as_the_program(keras, tf_version, tmp_path,
+                                             monkeypatch):
+  if keras == '3':
+    versions.KERAS_3.require()
+  else:
+    _require_keras_2()
+  path = tmp_path / 'parent.py'
+  path.write_text(_CHILDREN)
+  # The user's own sitecustomize, on the child's PYTHONPATH, still runs.
+  (tmp_path / 'site').mkdir()
+  (tmp_path / 'site' / 'sitecustomize.py').write_text('MARK = "theirs"\n')
+  monkeypatch.syspath_prepend(str(tmp_path / 'site'))
+  done = fresh_process.run(
+      ['-m', 'tf_loss_scale', 'run', '--keras', keras] +
+      (['--tf', tf_version] if tf_version else []) + [str(path)],
+      cwd=str(tmp_path))
+  assert done.returncode == 0, done.stderr[-3000:]
+  report = _report(done)
+  if keras == '2':
+    expected = {'keras': _keras_2_package(),
+                'legacy_keras': '1' if versions.KERAS_3 else None,
+                'installed': True, 'v1_class': _OURS_V1,
+                'sitecustomize': 'theirs', 'tf1': tf_version == '1'}
+  else:
+    expected = {'keras': 'keras', 'legacy_keras': None, 'installed': True,
+                'v1_class': _OURS_V1, 'sitecustomize': 'theirs', 'tf1': False}
+  assert report == {'spawn': expected, 'subprocess': expected}
+
+
+_CHILDREN = textwrap.dedent('''\
+    """Reports what a spawned child and a sys.executable subprocess get."""
+    import json
+    import multiprocessing
+    import subprocess
+    import sys
+
+
+    def probe(_=None):
+      import os
+      import keras
+      import tensorflow as tf
+      import tf_loss_scale.compat
+      from class_names import class_name
+      return {'keras': keras.__name__,
+              'legacy_keras': os.environ.get('TF_USE_LEGACY_KERAS'),
+              'installed': tf_loss_scale.compat.is_installed(),
+              'v1_class': class_name(tf.compat.v1.mixed_precision.
+                                     MixedPrecisionLossScaleOptimizer),
+              'sitecustomize': getattr(sys.modules.get('sitecustomize'),
+                                       'MARK', None),
+              'tf1': hasattr(tf, 'placeholder')}
+
+
+    if __name__ == '__main__':
+      if sys.argv[1:] == ['child']:
+        print(json.dumps(probe()))
+        sys.exit()
+      with multiprocessing.get_context('spawn').Pool(1) as pool:
+        spawned = pool.map(probe, [None])[0]
+      done = subprocess.run([sys.executable, __file__, 'child'],
+                            stdout=subprocess.PIPE, check=True)
+      print(json.dumps({'spawn': spawned, 'subprocess': json.loads(
+          done.stdout.decode().splitlines()[-1])}))
+    ''')
+
+
+def test_tf_2_3_gets_tf_2_10s_optimizers(program, tmp_path):
+  _require_keras_2()
+  done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--tf', '2.3',
+                            program], cwd=str(tmp_path))
+  assert done.returncode == 0, done.stderr[-3000:]
+  package = _keras_2_package()
+  # tf.keras's, keras's and tensorflow.keras's names alike.
+  assert _report(done)['optimizers'] == [
+      f'{package}.src.optimizers.legacy.gradient_descent.SGD',
+      f'{package}.src.optimizers.legacy.adam.Adam',
+      f'{package}.src.optimizers.legacy.rmsprop.RMSprop']
+
+
+_TF1 = textwrap.dedent('''\
+    """TF1 code: reports what `tensorflow` is, then reaches for tf.contrib."""
+    import importlib
+    import json
+    import sys
+
+    import tensorflow as tf
+    import tensorflow.compat.v1 as v1
+
+    from class_names import class_name as name
+
+    print(json.dumps({
+        'is_compat_v1': tf.__name__.endswith('compat.v1'),
+        'compat_v1_is_it': v1 is tf,
+        'eager': tf.executing_eagerly(),
+        'v1_class': name(
+            tf.train.experimental.MixedPrecisionLossScaleOptimizer),
+        'dynamic': name(tf.mixed_precision.DynamicLossScale),
+        # Loaded now: the library's modules keep the real module.
+        'library_tf': importlib.import_module(
+            'tf_loss_scale.inspect_checkpoint').tf.__name__,
+    }))
+    sys.stdout.flush()
+    tf.contrib.layers.fully_connected
+    ''')
+
+
+def test_tf_1_runs_tf1_code_and_refuses_tf_contrib(tmp_path):
+  _require_keras_2()
+  path = tmp_path / 'tf1_program.py'
+  path.write_text(_TF1)
+  done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--tf', '1',
+                            str(path)], cwd=str(tmp_path))
+  assert done.returncode == 1, done.stderr[-3000:]
+  assert _report(done) == {
+      'is_compat_v1': True, 'compat_v1_is_it': True,
+      'eager': False, 'v1_class': _OURS_V1,
+      'dynamic': 'tf_loss_scale.loss_scale.DynamicLossScale',
+      'library_tf': 'tensorflow'}
+  assert done.stderr.strip().splitlines()[-1] == (
+      'AttributeError: tf.contrib was removed in TensorFlow 2 and '
+      'tf-loss-scale run --tf 1 cannot serve it: port this use of tf.contrib '
+      '(tf.contrib.mixed_precision is tf.train.experimental.'
+      'MixedPrecisionLossScaleOptimizer, which the launcher serves)')
+
+
+def test_check_says_what_the_program_gets_without_running_it(tmp_path):
+  _require_keras_2()
+  path = tmp_path / 'tf1_contrib.py'
+  path.write_text(textwrap.dedent('''\
+      import tensorflow as tf
+      open('ran', 'w').close()
+      x = tf.placeholder(tf.float32)
+      y = tf.contrib.layers.fully_connected(x, 1)
+      opt = tf.train.experimental.MixedPrecisionLossScaleOptimizer(
+          tf.train.GradientDescentOptimizer(0.1), 'dynamic')
+      '''))
+  done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--check',
+                            str(path)], cwd=str(tmp_path))
+  assert done.returncode == 1, done.stderr
+  assert not (tmp_path / 'ran').exists()
+  lines = done.stdout.splitlines()
+  assert lines[0] == f'tf-loss-scale run {path}:'
+  if versions.KERAS_3:
+    assert lines[1] == ('Keras 2: tf.keras, tensorflow.keras, keras and '
+                        'keras.* are tf_keras (TF_USE_LEGACY_KERAS=1)')
+  assert lines[2] == 'TensorFlow 1 (read from tf.placeholder on line 3)'
+  assert lines[3].startswith('import tensorflow gives tensorflow.compat.v1')
+  names = lines.index('compat.install(override=True) runs; of the loss '
+                      'scaling names it serves, the program uses these:')
+  assert lines[names + 1] == ('  line 5: MixedPrecisionLossScaleOptimizer: '
+                              'tf_loss_scale.MixedPrecisionLossScaleOptimizer')
+  assert lines[-1].startswith('warning: line 4: tf.contrib: tf.contrib was '
+                              'removed in TensorFlow 2'), lines
+  # Names in strings and comments tell nothing.
+  path.write_text("""'''Once tf.Session code; tf.contrib is gone.'''\n"""
+                  'import tensorflow as tf  # not tf.placeholder\n'
+                  "print(tf.constant('mixed_precision.experimental'))\n")
+  done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--check',
+                            str(path)], cwd=str(tmp_path))
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert not [line for line in done.stdout.splitlines()
+              if line.startswith(('TensorFlow', 'warning'))], done.stdout
+  # A marker line says the generation; nothing to warn about.
+  path.write_text('# tf-loss-scale: --tf 2.3\nimport tensorflow as tf\n')
+  done = fresh_process.run(['-m', 'tf_loss_scale', 'run', '--check',
+                            str(path)], cwd=str(tmp_path))
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert ('TensorFlow 2.3 (read from its "# tf-loss-scale: --tf 2.3" line)'
+          in done.stdout.splitlines())
+  assert not (tmp_path / 'ran').exists()
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--tf', '3'], "argument --tf: '3': the program's TensorFlow is 1 or 2.N"),
+    (['--keras', '3', '--tf', '2.3'],
+     'a program of TensorFlow 2.3 runs under Keras 2, not --keras 3'),
+])
+def test_generations_that_cannot_be(args, message, program, tmp_path):
+  done = fresh_process.run(['-m', 'tf_loss_scale', 'run', *args, program],
+                           cwd=str(tmp_path))
+  assert done.returncode == 2
+  assert message in done.stderr, done.stderr

@@ -4,7 +4,7 @@
                      [--strategy none|mirrored] [--onednn auto|on|off]
                      [--loss-weight W] [--out DIR] [--verbose]
   tf-loss-scale inspect CHECKPOINT
-  tf-loss-scale run [--keras 2|3] PROGRAM.py [ARGS...]
+  tf-loss-scale run [--keras 2|3] [--tf 1|2.N] [--check] PROGRAM.py [ARGS...]
 
 Nothing here imports TensorFlow before a command runs, so that the demo can
 set TensorFlow's oneDNN switch, `run` can choose the Keras TensorFlow loads,
@@ -20,6 +20,7 @@ from typing import List, Optional
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 _USAGE_ERROR = 2
+_RUN_OPTIONS_WITH_VALUE = ('--keras', '--tf')
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -35,13 +36,35 @@ def main(argv: Optional[List[str]] = None) -> int:
     `run`'s is the program's (see `tf_loss_scale.run_command.run`).
   """
   parser = _parser()
+  argv = sys.argv[1:] if argv is None else argv
+  # After `run`'s program, every argument is the program's, `--` included.
+  program_args = []
+  if argv[:1] == ['run']:
+    end = _program_index(argv)
+    argv, program_args = argv[:end + 1], argv[end + 1:]
   args = parser.parse_args(argv)
   if args.command == 'demo':
     return _demo(args)
   if args.command == 'run':
     from tf_loss_scale import run_command  # pylint: disable=g-import-not-at-top
-    return run_command.run(args.program, args.args, args.keras)
+    return run_command.run(args.program, program_args, args.keras, args.tf,
+                           args.check)
   return _inspect(args.checkpoint)
+
+
+def _program_index(argv: List[str]) -> int:
+  """The index of `run`'s PROGRAM in `['run', ...]`, or the last one."""
+  i = 1
+  while i < len(argv):
+    if argv[i] in _RUN_OPTIONS_WITH_VALUE:
+      i += 2
+    elif argv[i] == '--':
+      return i + 1
+    elif argv[i].startswith('-'):
+      i += 1
+    else:
+      return i
+  return len(argv) - 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,13 +131,25 @@ def _parser() -> argparse.ArgumentParser:
       'with a "checkpoint" file')
   run = commands.add_parser(
       'run', help='run a program written for an older TensorFlow, '
-      'unmodified, after tf_loss_scale.compat.install(override=True)',
-      description='Runs PROGRAM.py as __main__ with ARGS after '
-      'tf_loss_scale.compat.install(override=True), under Keras 2 (tf_keras '
-      'with TF_USE_LEGACY_KERAS=1 where keras is Keras 3) or Keras 3. The '
-      'exit status and traceback are the program\'s.')
-  run.add_argument('--keras', choices=('2', '3'), default='2',
-                   help='the Keras the program was written for')
+      'unmodified, set up as its TensorFlow set it up',
+      description='Runs PROGRAM.py as __main__ with ARGS (all of them, -- '
+      'included) after tf_loss_scale.compat.install(override=True), under '
+      'Keras 2 (tf_keras with TF_USE_LEGACY_KERAS=1 where keras is Keras 3; '
+      'import keras is tf_keras then) or Keras 3. The exit status and '
+      'traceback are the program\'s; its child processes are set up alike. '
+      'tf.contrib cannot be served.')
+  run.add_argument('--keras', choices=('2', '3'), default=None,
+                   help='the Keras the program was written for (default: 3 '
+                   'for a program of TensorFlow 2.16 or later, else 2)')
+  run.add_argument('--tf', metavar='1|2.N', default=None, type=_tf_version,
+                   help='the TensorFlow the program was written for: 1 runs '
+                   'TF 1.x code on tensorflow.compat.v1 with v2 behaviour '
+                   'off; 2.10 and before get tf_keras\'s legacy optimizers '
+                   'under the names of the optimizers (default: read from '
+                   'the program, or a "# tf-loss-scale: --tf 2.3" line)')
+  run.add_argument('--check', action='store_true',
+                   help='say which Keras and names the program gets, and '
+                   'what cannot be served, without running it')
   run.add_argument('program', help='the Python file to run')
   run.add_argument('args', nargs=argparse.REMAINDER,
                    help='the program\'s arguments')
@@ -127,6 +162,14 @@ def _number(text: str) -> float:
     return config_lib.parse_number(text)
   except ValueError as error:
     raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def _tf_version(text: str) -> str:
+  from tf_loss_scale import run_command  # pylint: disable=g-import-not-at-top
+  if not run_command.TF_VERSION.fullmatch(text):
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: the program's TensorFlow is 1 or 2.N (e.g. 2.3)")
+  return text
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -1,62 +1,114 @@
 """`tf-loss-scale run PROGRAM.py [ARGS...]`: an old program, run unmodified.
 
-The program runs as `__main__` after `compat.install(override=True)`, under
-the Keras it was written for: Keras 2 (tf_keras through
-`TF_USE_LEGACY_KERAS=1` where `keras` is Keras 3), or Keras 3 when asked.
-TensorFlow reads `TF_USE_LEGACY_KERAS` once, when it is imported, so the
-variable is set before anything imports TensorFlow; a process that had
+The program runs as `__main__`, as `python PROGRAM.py ARGS...` runs it,
+after `compat.install(override=True)`, under the Keras it was written for:
+Keras 2 (tf_keras through `TF_USE_LEGACY_KERAS=1` where `keras` is Keras 3,
+and then `import keras` is tf_keras too), or Keras 3 when asked. Its
+TensorFlow (`--tf`, or read from it: `run_guess`) chooses more: TF1 code
+runs on `tensorflow.compat.v1`, code of TF 2.10 and before gets the
+optimizers it had (`run_setup`). The set-up is written into the environment,
+so that the processes the program starts get it too. TensorFlow reads
+`TF_USE_LEGACY_KERAS` once, when it is imported; a process that had
 imported TensorFlow already runs the command again in a fresh interpreter.
 """
 
 import importlib.util
 import os
+import re
 import runpy
+import site
 import subprocess
 import sys
 from importlib import metadata
-from typing import List, MutableMapping, Optional, Union
+from typing import Dict, List, MutableMapping, Optional, Union
+
+from tf_loss_scale import run_guess as guess
+from tf_loss_scale import run_setup
 
 KERAS_2 = '2'
 KERAS_3 = '3'
 KERAS_CHOICES = (KERAS_2, KERAS_3)
+# What `--tf` takes: 1, or 2.N.
+TF_VERSION = re.compile(r'1|2\.\d+')
 
 # Set in the fresh interpreter, so that it never starts another one.
 _FRESH = 'TF_LOSS_SCALE_RUN_FRESH'
 _ERROR = 2
 
 
-def run(program: str, args: List[str], keras: str = KERAS_2) -> int:
-  """Runs `program` as `__main__` after `install(override=True)`.
+def run(program: str, args: List[str], keras: Optional[str] = None,
+        tf_version: Optional[str] = None, check: bool = False) -> int:
+  """Runs `program` as `__main__`, set up as its TensorFlow set it up.
 
   Args:
     program: The path of the Python file to run.
     args: Its arguments: the program sees `sys.argv == [program, *args]`.
     keras: `'2'`: the Keras 2 the program was written for (tf_keras, with
-      `TF_USE_LEGACY_KERAS=1`, where `keras` is Keras 3); `'3'`: Keras 3.
+      `TF_USE_LEGACY_KERAS=1`, where `keras` is Keras 3; `keras` is then
+      tf_keras too); `'3'`: Keras 3. None: `'3'` for a program of
+      TensorFlow 2.16 or later, else `'2'`.
+    tf_version: The program's TensorFlow: `'1'` (TF 1.x code: it runs on
+      `tensorflow.compat.v1`), or `'2.N'` (2.10 and before: tf_keras's
+      legacy optimizers under the optimizers' names). None: read from the
+      program (`guess.tensorflow`), printed when found, unless `keras` is
+      `'3'`.
+    check: Whether to print what the program will get, and warnings,
+      instead of running it (`guess.report`).
 
   Returns:
     The exit status: 0 when the program returned, 1 when it raised (its
     traceback printed from its own frames on), 2 when its Keras cannot be
     set up here or the file is missing. A `SystemExit` the program raises
-    propagates with its code.
+    propagates with its code. With `check`: 1 when there are warnings.
 
   Raises:
-    ValueError: If `keras` is not '2' or '3'.
+    ValueError: If `keras` is not '2' or '3', or `tf_version` no version.
   """
-  if keras not in KERAS_CHOICES:
+  if keras not in KERAS_CHOICES + (None,):
     raise ValueError(f'keras={keras!r}: pass one of {KERAS_CHOICES}')
+  if tf_version is not None and not TF_VERSION.fullmatch(tf_version):
+    raise ValueError(f"tf_version={tf_version!r}: pass '1' or '2.N'")
   if not os.path.isfile(program):
     return _fail(f"can't open file {program!r}: no such file")
+  with open(program, encoding='utf-8', errors='replace') as f:
+    source = f.read()
+  guessed = None
+  if tf_version is None:
+    tf_version, guessed = guess.tensorflow(source)
+    if keras == KERAS_3 and tf_version:
+      tf_version = guessed = None  # Said on the command line: Keras 3.
+  version = run_setup.generation(tf_version)
+  if keras is None:
+    keras = KERAS_3 if version and version >= (2, 16) else KERAS_2
+  if keras == KERAS_3 and version and version < (2, 16):
+    return _fail(f'a program of TensorFlow {tf_version} runs under Keras 2, '
+                 'not --keras 3')
   legacy = _legacy_keras_setting(keras)
   if isinstance(legacy, str):
     return _fail(legacy)
-  if 'tensorflow' in sys.modules and os.environ.get(_FRESH) != '1':
-    # TensorFlow has read the variable already: only a new interpreter can
-    # choose the Keras.
-    return _run_fresh(program, args, keras, legacy)
-  _set_legacy_keras(os.environ, legacy)
-  from tf_loss_scale import compat  # pylint: disable=g-import-not-at-top
-  compat.install(override=True)
+  settings = {'keras': keras, 'alias': '1' if legacy else '0'}
+  if tf_version:
+    settings['tf'] = tf_version
+  if check:
+    lines, warnings = guess.report(source, settings, guessed)
+    print('\n'.join([f'tf-loss-scale run {program}:'] + lines +
+                     [f'warning: {w}' for w in warnings]))
+    return 1 if warnings else 0
+  if guessed:
+    print(f'tf-loss-scale run: {program} reads as TensorFlow {tf_version} '
+          f'code ({guessed}); pass --tf to say otherwise', file=sys.stderr)
+  fresh = os.environ.pop(_FRESH, None) == '1'
+  # The program's children start set up as it is (see run_setup).
+  _set_environ(os.environ, legacy, settings)
+  if not fresh and ('tensorflow' in sys.modules or run_setup.applied not in (
+      None, settings)):
+    # TensorFlow has read `TF_USE_LEGACY_KERAS` already, or this process was
+    # set up otherwise: only a new interpreter can set it up.
+    return subprocess.call(
+        [sys.executable, '-m', 'tf_loss_scale', 'run', '--keras', keras] +
+        (['--tf', tf_version] if tf_version else []) + [program, *args],
+        env=dict(os.environ, **{_FRESH: '1'}))
+  run_setup.apply(settings)
   return _run_main(program, args)
 
 
@@ -81,23 +133,32 @@ def _legacy_keras_setting(keras: str) -> Union[bool, None, str]:
   return True
 
 
-def _set_legacy_keras(environ: MutableMapping[str, str],
-                      legacy: Optional[bool]) -> None:
+def _set_environ(environ: MutableMapping[str, str], legacy: Optional[bool],
+                 settings: Dict[str, str]) -> None:
+  """Sets `TF_USE_LEGACY_KERAS`, the set-up, and `PYTHONPATH`.
+
+  `PYTHONPATH` gets `run_site` (for its `sitecustomize`) and, unless it is
+  a site directory, which every interpreter has, the one this library is
+  in: a site directory there would come before the standard library.
+
+  Args:
+    environ: `os.environ`, or a copy for a child.
+    legacy: As `_legacy_keras_setting` returned it.
+    settings: As for `run_setup.apply`.
+  """
   if legacy is True:
     environ['TF_USE_LEGACY_KERAS'] = '1'
   elif legacy is False:
     environ.pop('TF_USE_LEGACY_KERAS', None)
-
-
-def _run_fresh(program: str, args: List[str], keras: str,
-               legacy: Optional[bool]) -> int:
-  env = dict(os.environ, **{_FRESH: '1'})
-  _set_legacy_keras(env, legacy)
-  checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env['PYTHONPATH'] = os.pathsep.join(
-      [checkout] + [p for p in [env.get('PYTHONPATH')] if p])
-  return subprocess.call([sys.executable, '-m', 'tf_loss_scale', 'run',
-                          '--keras', keras, program, *args], env=env)
+  environ[run_setup.ENVIRON] = run_setup.encode(settings)
+  package = os.path.dirname(os.path.abspath(__file__))
+  paths = [os.path.join(package, 'run_site')]
+  if os.path.dirname(package) not in site.getsitepackages() + [
+      site.getusersitepackages()]:
+    paths.append(os.path.dirname(package))
+  environ['PYTHONPATH'] = os.pathsep.join(paths + [
+      p for p in environ.get('PYTHONPATH', '').split(os.pathsep)
+      if p and p not in paths])
 
 
 def _run_main(program: str, args: List[str]) -> int:
