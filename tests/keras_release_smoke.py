@@ -147,6 +147,18 @@ def check_fit() -> None:
                          'tf_loss_scale.keras.shared_name.LossScaleOptimizer')
   _first_difference('fit (Keras\'s class, install()\'s)', theirs['steps'],
                     ours['steps'])
+  # The class passed to compile by its mixed_precision name: compile must
+  # keep it (not wrap it once more).
+  def given():
+    return keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.125))
+  theirs = _fit_trajectory(given)
+  with _installed():
+    ours = _fit_trajectory(given)
+  if ours['class'] is not shared_name.LossScaleOptimizer:
+    raise AssertionError(f'compile given install()\'s class has {ours["class"]}')
+  _first_difference('fit given keras.mixed_precision.LossScaleOptimizer '
+                    '(Keras\'s class, install()\'s)', theirs['steps'],
+                    ours['steps'])
 
 
 def _keras3_loop(opt: Any) -> Dict[str, Any]:
