@@ -28,10 +28,15 @@ import, or fit a model, on the installed TensorFlow without this library
                  and one written by install()'s read by Keras's.
   drop_in        `tf_loss_scale.keras.LossScaleOptimizer` against Keras's
                  class in the Keras 3 loop and in compile/fit.
+  inner_features the Keras 3 loop with an inner `loss_scale_factor` and
+                 gradient accumulation, both classes against Keras's.
+  replicas       two replicas under MirroredStrategy, both classes against
+                 Keras's (before Keras 3.5, both refuse them).
 """
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -181,7 +186,10 @@ def _keras3_loop(opt: Any) -> Dict[str, Any]:
     steps.append(dict(_state(opt), w=_value(var)))
   return {'steps': steps, 'variables': [
       (v.name, tuple(v.shape),
-       str(v.dtype), str(getattr(v, 'aggregation', None)), _value(v))
+       str(v.dtype), str(getattr(v, 'aggregation', None)),
+       # TensorFlow's variable's, which follows Keras's from Keras 3.7.
+       str(getattr(getattr(v, 'value', None), 'aggregation', None)),
+       _value(v))
       for v in opt.variables],
           'config': _without_name(opt.get_config())}
 
@@ -203,7 +211,7 @@ def _compare_keras3(theirs: Dict[str, Any], ours: Dict[str, Any],
   _first_difference(label, theirs['steps'], ours['steps'])
   if theirs['variables'] != ours['variables']:
     raise AssertionError(f'{label}: variables (name, shape, dtype, '
-                         f'aggregation, value) {theirs["variables"]} != '
+                         f'aggregations, value) {theirs["variables"]} != '
                          f'{ours["variables"]}')
   if theirs['config'] != ours['config']:
     raise AssertionError(f'{label}: config {theirs["config"]} != '
@@ -327,9 +335,101 @@ def check_drop_in() -> None:
                     ours['steps'])
 
 
+def _release() -> tuple:
+  return tuple(int(part) for part in re.findall(r'\d+', keras.__version__)[:2])
+
+
+def check_inner_features() -> None:
+  # Keras 3.10 began to clear an inner `loss_scale_factor` (before, its
+  # class divided the gradients by it a second time); ours clears it on
+  # every release, so before 3.10 it steps as Keras's does without one.
+  # Gradient accumulation derives its steps from the inner `iterations`,
+  # which Keras's class began to report at 3.9.
+  from tf_loss_scale.keras import LossScaleOptimizer  # pylint: disable=g-import-not-at-top
+  features = {
+      'loss_scale_factor': (
+          lambda: keras.optimizers.SGD(0.125, loss_scale_factor=16.0),
+          None if _release() >= (3, 10) else keras.optimizers.SGD(0.125)),
+      'gradient_accumulation_steps': (
+          lambda: keras.optimizers.SGD(0.125, momentum=0.5,
+                                       gradient_accumulation_steps=2), None),
+  }
+  for feature, (inner, keras_inner) in features.items():
+    theirs = _keras3_loop(keras.optimizers.LossScaleOptimizer(
+        keras_inner or inner(), **_keras3_arguments()))
+    _check_scale_moved(theirs['steps'])
+    with _installed():
+      installed = _keras3_loop(keras.mixed_precision.LossScaleOptimizer(
+          inner(), **_keras3_arguments()))
+    drop_in = _keras3_loop(LossScaleOptimizer(inner(), **_keras3_arguments()))
+    for label, ours in (('install()\'s class', installed),
+                        ('the drop-in', drop_in)):
+      _first_difference(f'inner {feature} (Keras\'s class, {label})',
+                        theirs['steps'], ours['steps'])
+
+
+def check_replicas() -> None:
+  # Keras's optimizers sum the replicas' gradients from 3.5; before, each
+  # replica applied its own, and the Keras 3 forms refuse several replicas.
+  from tf_loss_scale.keras import LossScaleOptimizer  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+
+  def trajectory(make):
+    with strategy.scope():
+      var = keras.Variable([1.0, 2.0])
+      opt = make(keras.optimizers.SGD(0.25), **_keras3_arguments())
+      opt.build([var])
+    steps = []
+    for factor in (1.0, INF, 1.0, 2.0):
+      def step(factor=factor):
+        replica = tf.cast(tf.distribute.get_replica_context()
+                          .replica_id_in_sync_group, tf.float32)
+        opt.apply([tf.ones(2) * (replica + 1.0) * factor], [var])
+      strategy.run(step)
+      steps.append({'w': [_value(v) for v in
+                          strategy.experimental_local_results(var.value)],
+                    'scale': _value(opt.dynamic_scale),
+                    'inner iterations': _value(
+                        opt.inner_optimizer.iterations)})
+    return steps
+
+  def refused(make, label):
+    try:
+      trajectory(make)
+    except ValueError as error:
+      if "pip install 'keras>=3.5'" not in str(error):
+        raise AssertionError(f'{label} refused several replicas with: '
+                             f'{error}') from error
+    else:
+      raise AssertionError(f'{label} trained two replicas on Keras '
+                           f'{keras.__version__}, whose optimizers do not '
+                           'sum their gradients')
+
+  def under_install_name(inner, **kwargs):
+    return keras.mixed_precision.LossScaleOptimizer(inner, **kwargs)
+
+  if _release() < (3, 5):
+    # Keras's own class trains the replicas apart there (README).
+    refused(LossScaleOptimizer, 'the drop-in')
+    with _installed():
+      refused(under_install_name, 'install()\'s class')
+    return
+  theirs = trajectory(keras.optimizers.LossScaleOptimizer)
+  _check_scale_moved([{'scale': 1024.0}] + theirs)
+  if any(step['w'][0] != step['w'][1] for step in theirs):
+    raise AssertionError(f'Keras\'s class: replicas apart: {theirs}')
+  _first_difference('two replicas (Keras\'s class, the drop-in)', theirs,
+                    trajectory(LossScaleOptimizer))
+  with _installed():
+    installed = trajectory(under_install_name)
+  _first_difference('two replicas (Keras\'s class, install()\'s)', theirs,
+                    installed)
+
+
 CHECKS = {'fit': check_fit, 'keras3_loop': check_keras3_loop,
           'tf2_loop': check_tf2_loop, 'checkpoint': check_checkpoint,
-          'drop_in': check_drop_in}
+          'drop_in': check_drop_in, 'inner_features': check_inner_features,
+          'replicas': check_replicas}
 
 
 def _keras_runs_here() -> None:
@@ -342,6 +442,10 @@ def _keras_runs_here() -> None:
 
 
 def main(names: List[str]) -> int:
+  # Two replicas for `replicas`, set before TensorFlow initialises.
+  tf.config.set_logical_device_configuration(
+      tf.config.list_physical_devices('CPU')[0],
+      [tf.config.LogicalDeviceConfiguration()] * 2)
   try:
     _keras_runs_here()
   except Exception as error:  # pylint: disable=broad-except
