@@ -100,8 +100,12 @@ _X = np.array([[300.0], [0.5], [1.0], [0.25], [0.5]], np.float32)
 _Y = np.array([[0.0], [1.0], [0.5], [1.0], [0.0]], np.float32)
 
 
-def _fit_trajectory(make_optimizer: Callable[[], Any] = None) -> Dict[str, Any]:
+def _fit_trajectory(make_optimizer: Callable[[], Any] = None,
+                    **compile_arguments: Any) -> Dict[str, Any]:
   """Fits a one-weight model under mixed_float16, one sample a step.
+
+  `compile` is Keras's default but for `compile_arguments` (its default
+  `jit_compile` is XLA's on TensorFlow).
 
   Returns the optimizer's class and the steps: the scale before the first,
   then what each step left.
@@ -113,7 +117,7 @@ def _fit_trajectory(make_optimizer: Callable[[], Any] = None) -> Dict[str, Any]:
                            kernel_initializer=keras.initializers.Constant(1.5))])
     optimizer = (keras.optimizers.SGD(0.125) if make_optimizer is None
                  else make_optimizer())
-    model.compile(optimizer=optimizer, loss='mse', jit_compile=False)
+    model.compile(optimizer=optimizer, loss='mse', **compile_arguments)
     steps = []
 
     class Record(keras.callbacks.Callback):
@@ -156,9 +160,9 @@ def check_fit() -> None:
   # keep it (not wrap it once more).
   def given():
     return keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.125))
-  theirs = _fit_trajectory(given)
+  theirs = _fit_trajectory(given, jit_compile=False)
   with _installed():
-    ours = _fit_trajectory(given)
+    ours = _fit_trajectory(given, jit_compile=False)
   if ours['class'] is not shared_name.LossScaleOptimizer:
     raise AssertionError(f'compile given install()\'s class has {ours["class"]}')
   _first_difference('fit given keras.mixed_precision.LossScaleOptimizer '
