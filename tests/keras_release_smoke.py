@@ -25,7 +25,8 @@ import, or fit a model, on the installed TensorFlow without this library
                  `get_unscaled_gradients`, `apply_gradients`) under
                  install()'s class, against values worked out by hand.
   checkpoint     a checkpoint written by Keras's class read by install()'s
-                 and one written by install()'s read by Keras's.
+                 and one written by install()'s read by Keras's; a `.keras`
+                 file of a model fitted under mixed_float16 alike.
   drop_in        `tf_loss_scale.keras.LossScaleOptimizer` against Keras's
                  class in the Keras 3 loop and in compile/fit.
   inner_features the Keras 3 loop with an inner `loss_scale_factor` and
@@ -314,10 +315,56 @@ def _written_and_read(write_class_installed: bool, directory: str) -> None:
                          f'{written}, not the scale 8 and counter 2 expected')
 
 
+def _model_state(model: Any) -> Dict[str, Any]:
+  # Slots are named after their variable's path, which holds the layer's
+  # name: a numbered one (`sequential_1_dense_1_kernel_momentum`) in the
+  # model saved, another in the model loaded.
+  return {'optimizer': [(re.sub(r'^.*_kernel_', 'kernel_', v.name), _value(v))
+                        for v in model.optimizer.variables],
+          'weights': [_value(w) for w in model.weights]}
+
+
+def _keras_files_both_ways(directory: str) -> None:
+  """A `.keras` file of Keras's class read under install() and back."""
+  from tf_loss_scale.keras import shared_name  # pylint: disable=g-import-not-at-top
+  keras_class = keras.optimizers.LossScaleOptimizer
+  with _policy('mixed_float16'):
+    model = keras.Sequential([
+        keras.Input((1,)),
+        keras.layers.Dense(1, use_bias=False,
+                           kernel_initializer=keras.initializers.Constant(1.5))])
+    model.compile(optimizer=keras.optimizers.SGD(0.125, momentum=0.5),
+                  loss='mse')
+    model.fit(_X, _Y, batch_size=1, shuffle=False, verbose=0)
+    first, second = (os.path.join(directory, name)
+                     for name in ('keras.keras', 'installed.keras'))
+    written = _model_state(model)
+    model.save(first)
+    with _installed():
+      loaded = keras.models.load_model(first)
+      read = _model_state(loaded)
+      read_class = type(loaded.optimizer)
+      loaded.fit(_X[1:3], _Y[1:3], batch_size=1, shuffle=False, verbose=0)
+      written_back = _model_state(loaded)
+      loaded.save(second)
+    back = keras.models.load_model(second)
+  for label, cls, want, wrote, got in (
+      ('Keras\'s class to install()\'s', shared_name.LossScaleOptimizer,
+       read_class, written, read),
+      ('install()\'s class to Keras\'s', keras_class, type(back.optimizer),
+       written_back, _model_state(back))):
+    if want is not cls:
+      raise AssertionError(f'.keras file from {label}: loaded as {want}')
+    if wrote != got:
+      raise AssertionError(f'.keras file from {label}: wrote {wrote}, read '
+                           f'{got}')
+
+
 def check_checkpoint() -> None:
   with tempfile.TemporaryDirectory() as directory:
     _written_and_read(False, directory)
     _written_and_read(True, directory)
+    _keras_files_both_ways(directory)
 
 
 def check_drop_in() -> None:
@@ -466,7 +513,7 @@ def main(names: List[str]) -> int:
     except Exception as error:  # pylint: disable=broad-except
       failed.append(name)
       print(f'FAILED {name}: {type(error).__name__}: {error}')
-      traceback.print_exc(limit=-3, file=sys.stdout)
+      traceback.print_exc(file=sys.stdout)
     else:
       print(f'PASSED {name}')
     sys.stdout.flush()
