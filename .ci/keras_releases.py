@@ -11,6 +11,10 @@ each), then any requirement of that Keras this environment does not meet
 into DIR too; the smoke script then runs with DIR first on PYTHONPATH, in
 one process. The Keras this environment has runs as it is.
 
+A release whose wheel ships Keras's own test files also runs the
+`keras-class` group of .ci/keras_tests_with_install.py (Keras's tests of
+its LossScaleOptimizer against the class install() names).
+
 Prints a line per release (passed, failed or skipped with the script's
 reason, and seconds) and each failing check's output; the scripts' output
 goes to LOGS_DIR/keras-release-X.Y.Z.log. Exits 1 if a release failed, the
@@ -18,6 +22,7 @@ releases could not be listed or installed, or none ran.
 """
 
 import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -33,6 +38,9 @@ _SMOKE = os.path.join(_CHECKOUT, 'tests', 'keras_release_smoke.py')
 _SUPPORT = os.path.join(_CHECKOUT, 'tf_loss_scale', 'keras',
                         'keras3_support.py')
 _SKIPPED = 2  # The smoke script's exit status for a Keras that cannot run.
+_WITH_INSTALL = os.path.join(_CHECKOUT, '.ci', 'keras_tests_with_install.py')
+# Shipped by some Keras wheels (3.12.4, 3.15.1), not all.
+_TESTS = os.path.join('src', 'optimizers', 'loss_scale_optimizer_test.py')
 
 Release = Tuple[int, int, int]
 
@@ -110,6 +118,7 @@ def _run(version: str, scratch: str, logs: str) -> str:
   env.pop('TF_USE_LEGACY_KERAS', None)
   path = [_CHECKOUT] + [p for p in env.get('PYTHONPATH', '').split(
       os.pathsep) if p]
+  target = ''
   if version != importlib.metadata.version('keras'):
     target = os.path.join(scratch, version)
     problem = _install(version, target)
@@ -124,20 +133,53 @@ def _run(version: str, scratch: str, logs: str) -> str:
                           stderr=subprocess.STDOUT, check=False)
   with open(log) as f:
     output = f.read()
-  seconds = time.monotonic() - start
   summary = re.findall(r'^(\d+ passed, \d+ failed|SKIPPED: .*)$', output,
                        re.M)
   outcome = {0: 'passed', _SKIPPED: 'skipped'}.get(done.returncode, 'failed')
   if outcome == 'passed' and not summary:
     outcome = 'failed'  # Exit 0 without the summary: not the script's.
   shown = summary[-1] if summary else f'exit {done.returncode}'
-  print(f'keras {version:<8} {outcome.upper():<8} {shown} ({seconds:.0f} s)',
-        flush=True)
-  if outcome == 'failed':
-    failures = [line for line in output.splitlines()
-                if line.startswith('FAILED ')]
-    print('\n'.join(f'  {line}' for line in failures) or output[-3000:])
+  details = [f'  {line}' for line in output.splitlines()
+             if line.startswith('FAILED ')]
+  if outcome == 'failed' and not details:
+    details = [output[-3000:]]
+  keras_dir = os.path.join(target, 'keras') if target else os.path.dirname(
+      importlib.util.find_spec('keras').origin)
+  if outcome != 'skipped' and os.path.exists(os.path.join(keras_dir, _TESTS)):
+    passed, counts, failures = _keras_class_tests(version, env, logs)
+    shown += f"; Keras's own tests of its class: {counts}"
+    details += failures
+    if not passed:
+      outcome = 'failed'
+  print(f'keras {version:<8} {outcome.upper():<8} {shown} '
+        f'({time.monotonic() - start:.0f} s)', flush=True)
+  if details:
+    print('\n'.join(details))
   return outcome
+
+
+def _keras_class_tests(version: str, env: Dict[str, str],
+                       logs: str) -> Tuple[bool, str, List[str]]:
+  """Keras's tests of its class against install()'s, where it ships them.
+
+  Returns whether they passed, each run's counts, and the failures.
+  """
+  done = subprocess.run(
+      [sys.executable, _WITH_INSTALL,
+       os.path.join(logs, f'keras-class-{version}'), 'keras-class'],
+      env=env, capture_output=True, text=True, check=False)
+  lines = done.stdout.splitlines()
+  runs = {'keras-class-plain': 'plainly',
+          'keras-class-install': 'with install()'}
+  counts = '; '.join(
+      f'{line.split(maxsplit=1)[1].split(" (pytest")[0]} '
+      f'{runs[line.split()[0]]}' for line in lines
+      if line.split()[:1] and line.split()[0] in runs and
+      'pytest exit' in line) or 'no result'
+  failures = [f'  {line}' for line in lines if line.startswith('FAILED ')]
+  if done.returncode and not failures:
+    failures = [done.stdout[-2000:] + done.stderr[-2000:]]
+  return done.returncode == 0, counts, failures
 
 
 def main(logs: str, *versions: str) -> int:

@@ -249,7 +249,7 @@ def _run(group: Group, install: bool, logs: str) -> Outcome:
   for result in outcome.tests.values():
     counts[result] = counts.get(result, 0) + 1
   shown = ', '.join(f'{n} {o}' for o, n in sorted(counts.items()))
-  print(f'{label:<18}{shown or "no tests"} (pytest exit {done.returncode}, '
+  print(f'{label:<20}{shown or "no tests"} (pytest exit {done.returncode}, '
         f'{seconds:.0f} s)', flush=True)
   return outcome
 
