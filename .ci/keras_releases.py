@@ -1,7 +1,7 @@
 """Runs tests/keras_release_smoke.py on every Keras 3 minor release.
 
-`python keras_releases.py LOGS_DIR [VERSION...]` (the Python of the
-environment under test: the README's .venv, TensorFlow 2.21) asks the
+`python keras_releases.py LOGS_DIR [VERSION...]` (the Python of a
+TensorFlow environment: in CI, the tf221 virtualenv of .ci/run) asks the
 package index for Keras's releases (`pip index versions keras`) and takes
 the newest patch of each minor release from the oldest this library
 supports (keras3_support.OLDEST) on, or the versions named. Each is
