@@ -41,7 +41,7 @@ import re
 import sys
 import tempfile
 import traceback
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -101,7 +101,7 @@ _X = np.array([[300.0], [0.5], [1.0], [0.25], [0.5]], np.float32)
 _Y = np.array([[0.0], [1.0], [0.5], [1.0], [0.0]], np.float32)
 
 
-def _fit_trajectory(make_optimizer: Callable[[], Any] = None,
+def _fit_trajectory(make_optimizer: Optional[Callable[[], Any]] = None,
                     **compile_arguments: Any) -> Dict[str, Any]:
   """Fits a one-weight model under mixed_float16, one sample a step.
 
