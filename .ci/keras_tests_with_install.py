@@ -22,6 +22,14 @@ differs, and exits 1 if, in either run of a group:
             checkout's pytest.ini and tests/conftest.py do not apply (a
             blank ini, confcutdir at the Keras package); the wheel ships no
             conftest of its own.
+  keras-class
+            Keras's tests of its LossScaleOptimizer (the whole file) and of
+            the one `compile` makes under mixed_float16 (the trainer's loss
+            scaling tests), from the installed wheel as `keras`, with
+            .ci/keras_class_name_plugin.py: with install(), the class they
+            test is the one install() puts under
+            `keras.mixed_precision.LossScaleOptimizer` (the run fails if
+            the plugin did not rebind the name). Each file must run a test.
   tf_keras  This library's tests of compile, fit and saving under tf_keras
             (TF_USE_LEGACY_KERAS=1), with the checkout's pytest setup.
 
@@ -63,6 +71,14 @@ _KERAS_FILES = (
     # (the README's suite) compiles and fits under it with and without
     # install().
 )
+# Relative to the installed Keras package, each with the tests selected.
+_KERAS_CLASS_TESTS = (
+    ('src/optimizers/loss_scale_optimizer_test.py', ''),
+    ('src/trainers/trainer_test.py',
+     '::TestTrainer::test_adds_loss_scaling_optimizer'),
+    ('src/trainers/trainer_test.py',
+     '::TestTrainer::test_loss_scaling_prevents_underflow'),
+)
 _TF_KERAS_FILES = (
     'tests/test_keras_experimental.py',
     'tests/test_keras_experimental_tf_keras.py',
@@ -77,6 +93,10 @@ class Group:
   args: List[str]
   env: Dict[str, str]
   cwd: str
+  # Module prefixes of test ids, each of which must run a test in each run.
+  each_runs: Tuple[str, ...] = ()
+  # Whether .ci/keras_class_name_plugin.py must rebind names under install().
+  rebinds: bool = False
 
 
 # (group, run) -> tests known to fail in that run, each with why. A test
@@ -128,12 +148,27 @@ def _groups(scratch: str) -> List[Group]:
        '--confcutdir', keras_dir,
        '-p', 'no:cacheprovider', '-q', '-o', 'addopts=', *files],
       dict(base_env, KERAS_BACKEND='tensorflow'), scratch)
+  class_files = [os.path.join(keras_dir, path) for path, _ in _KERAS_CLASS_TESTS]
+  missing = sorted({p for p in class_files if not os.path.exists(p)})
+  if missing:
+    raise SystemExit(f'the Keras wheel in {keras_dir} lacks {missing}')
+  keras_class = Group(
+      'keras-class',
+      [*keras.args[:keras.args.index('addopts=') + 1],
+       '-p', 'keras_class_name_plugin',
+       *[path + selected for path, (_, selected) in zip(
+           class_files, _KERAS_CLASS_TESTS)]],
+      keras.env, scratch,
+      each_runs=tuple(sorted({
+          os.path.relpath(path, os.path.dirname(keras_dir))[:-3].replace(
+              os.sep, '.') + '.' for path in class_files})),
+      rebinds=True)
   tf_keras = Group(
       'tf_keras',
       ['-p', 'no:cacheprovider', '-q', '-k', _TF_KERAS_SELECTION,
        *_TF_KERAS_FILES],
       dict(base_env, TF_USE_LEGACY_KERAS='1'), _CHECKOUT)
-  return [keras, tf_keras]
+  return [keras, keras_class, tf_keras]
 
 
 @dataclasses.dataclass
@@ -185,9 +220,13 @@ def _run(group: Group, install: bool, logs: str) -> Outcome:
   marker = os.path.join(logs, f'keras-tests-{label}.installed')
   if os.path.exists(marker):
     os.remove(marker)
+  rebound = os.path.join(logs, f'keras-tests-{label}.rebound')
+  if os.path.exists(rebound):
+    os.remove(rebound)
   if install:
     args[3:3] = ['-p', 'install_compat_plugin']
     env['TF_LOSS_SCALE_CI_INSTALLED'] = marker
+    env['TF_LOSS_SCALE_CI_REBOUND'] = rebound
   start = time.monotonic()
   with open(os.path.join(logs, f'keras-tests-{label}.log'), 'w') as log:
     done = subprocess.run(args, env=env, cwd=group.cwd, stdout=log,
@@ -198,24 +237,34 @@ def _run(group: Group, install: bool, logs: str) -> Outcome:
     print(f'{label}: the plugin did not report install() in effect')
     outcome.returncode = outcome.returncode or 1
     return outcome
+  if install and group.rebinds:
+    lines = _read(rebound).splitlines()
+    print(f'{label}: ' + ('; '.join(lines) or 'NOTHING REBOUND'))
+    if not lines:
+      outcome.returncode = outcome.returncode or 1
+      return outcome
   if os.path.exists(junit):
     outcome.tests, outcome.collection_errors = _outcomes(junit)
   counts = {}
   for result in outcome.tests.values():
     counts[result] = counts.get(result, 0) + 1
   shown = ', '.join(f'{n} {o}' for o, n in sorted(counts.items()))
-  print(f'{label:<18}{shown or "no tests"} (pytest exit {done.returncode}, '
+  print(f'{label:<20}{shown or "no tests"} (pytest exit {done.returncode}, '
         f'{seconds:.0f} s)', flush=True)
   return outcome
 
 
-def _problems(group: str, run: Outcome) -> List[str]:
+def _problems(group: Group, run: Outcome) -> List[str]:
   """What makes one run fail the step, whatever the other run did."""
   problems = [f'{run.label}: {name} failed to import or collect'
               for name in run.collection_errors]
-  if not any(o in ('passed', 'failed', 'error') for o in run.tests.values()):
+  ran = [t for t, o in run.tests.items() if o in ('passed', 'failed', 'error')]
+  if not ran:
     problems.append(f'{run.label}: no test ran')
-  known = _KNOWN_FAILURES.get((group, run.label.rpartition('-')[2]), {})
+  problems += [f'{run.label}: no test of {prefix[:-1]} ran'
+               for prefix in group.each_runs
+               if not any(t.startswith(prefix) for t in ran)]
+  known = _KNOWN_FAILURES.get((group.name, run.label.rpartition('-')[2]), {})
   failing = {t for t, o in run.tests.items() if o in ('failed', 'error')}
   unknown = sorted(failing - set(known))
   problems += [f'{run.label}: {test} {run.tests[test]}' for test in unknown]
@@ -253,8 +302,7 @@ def main(logs: str, *names: str) -> int:
           if plain.tests.get(test) != installed.tests.get(test))
       for test, without, with_install in differing:
         print(f'  {test}: {without} plainly, {with_install} with install()')
-      problems = _problems(group.name, plain) + _problems(group.name,
-                                                          installed)
+      problems = _problems(group, plain) + _problems(group, installed)
       only_with_install = [t for t, without, with_install in differing
                            if with_install in bad and without not in bad]
       if only_with_install:

@@ -2,8 +2,9 @@
 
 `python3 summarize.py LOGS_DIR`: reads the pytest logs (`suite-NAME.log`,
 run with `-rs`) and pip freezes (`freeze-NAME-after.txt`) that .ci/run wrote,
-the install checks' logs and the comparison of test files with and without
-`compat.install()` (`with-install.log`), and prints one line per run, the
+the install checks' logs, the comparison of test files with and without
+`compat.install()` (`with-install.log`) and the Keras 3 releases' smoke
+checks (`keras-releases.log`), and prints one line per run, the
 skip reasons per run, that comparison, and a closing total. Exits 1 if a suite log has no pytest result.
 """
 
@@ -97,6 +98,11 @@ def main(logs):
           '(.ci/keras_tests_with_install.py):')
     with open(comparison, errors='replace') as f:
       print(''.join('  ' + line for line in f))
+  releases = os.path.join(logs, 'keras-releases.log')
+  if os.path.exists(releases):
+    print('Keras 3 releases over TensorFlow 2.21 (.ci/keras_releases.py):')
+    with open(releases, errors='replace') as f:
+      print(''.join('  ' + line for line in f if line.startswith('keras ')))
   for run in missing:
     print(f'{run}: pytest printed no result line (it did not finish)')
   # Errors (a test's setup failed) count as failures.

@@ -9,6 +9,7 @@ setting without a word. A Keras 3 older than 3.3.3 is refused at import.
 """
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import fresh_process
+import keras_release_smoke
 import versions
 
 INF = float('inf')
@@ -139,3 +141,18 @@ def test_several_replicas_are_refused_where_keras_does_not_sum_them(
           r"do not sum gradients across replicas under MirroredStrategy.*"
           r"pip install 'keras>=3.5'")):
         make()
+
+
+@versions.Condition(
+    bool(versions.KERAS_3) and not versions.LEGACY_KERAS_REQUESTED,
+    'needs Keras 3, run without TF_USE_LEGACY_KERAS (its child imports '
+    'Keras 3 either way: the run without it covers it)').mark
+def test_smoke_checks_of_the_installed_keras_release():
+  # .ci/run's keras-releases step runs the same script on every Keras 3
+  # minor release; here, on the suite's own Keras.
+  result = fresh_process.run([os.path.join(os.path.dirname(
+      os.path.abspath(__file__)), 'keras_release_smoke.py')])
+  summary = f'{result.stdout}\n{result.stderr[-3000:]}'
+  assert result.returncode == 0, summary
+  checks = len(keras_release_smoke.CHECKS)
+  assert f'{checks} passed, 0 failed' in result.stdout, summary
