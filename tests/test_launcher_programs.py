@@ -91,11 +91,6 @@ _KNOWN_FAILURE = {
         "the TF 2.0-2.3 form's loss scale variable is not among those Keras "
         "initializes in its TF1 session, so graph-mode `fit` reads it "
         'uninitialized'),
-    'tf23_adam_schedule.py': (
-        "NotImplementedError: Learning rate schedule 'InverseTime' must "
-        r'override `get_config\(\)`',
-        "the TF 2.0-2.3 form reads the inner optimizer's config when it is "
-        'made, which a schedule without get_config refuses'),
 }
 
 
