@@ -218,6 +218,24 @@ def restore_deferred(trackable: Any, name: str, child: Any) -> None:
   trackable._handle_deferred_dependencies(name, child)  # pylint: disable=protected-access
 
 
+def track_in_keras2_session(keras: Any, variables: Sequence[Any]) -> None:
+  """Has Keras 2's TF1 session initialise `variables`, as it does its own.
+
+  Hook: `keras.__internal__.backend.track_variable`, Keras 2's own (its
+  `__internal__` namespace, exported, not in its public API). Why: in a TF1
+  graph Keras 2's `fit` initialises only the variables Keras tracks, and
+  TF 2.0-2.3's wrapper tracked its loss scale's there; a `LossScale` made
+  outside Keras (the core needs no Keras) is not. tests/legacy/launcher/
+  tf1_keras_optimizer_two_models.py fails without it.
+
+  Args:
+    keras: A Keras 2 namespace (`tf_keras`, or `tf.keras` up to 2.15).
+    variables: The variables to track.
+  """
+  for variable in variables:
+    keras.__internal__.backend.track_variable(variable)
+
+
 def untrack(trackable: Any, name: str) -> None:
   """Keeps attribute `name` of `trackable` (a list) out of checkpoints.
 

@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tf_loss_scale import execution
 from tf_loss_scale import private_api
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale.keras import experimental
@@ -52,6 +53,13 @@ def _subclass(name: str, family: type, keras_bases: Tuple[type, ...],
 
 class _Keras2(experimental.LossScaleOptimizer):
   """What Keras 2's `mixed_precision.LossScaleOptimizer` offers, from ours."""
+
+  def __init__(self, optimizer: Any,
+               loss_scale: experimental.LossScaleArgument):
+    super().__init__(optimizer, loss_scale)
+    if execution.in_tf1_graph():  # `fit` initialises the scale, as TF 2.3's.
+      private_api.track_in_keras2_session(self._keras,
+                                          self.loss_scale.variables)
 
   @property
   def dynamic(self) -> bool:
