@@ -6,9 +6,10 @@ DIR/CASE/; `python file_matrix_runs.py read INSTALL DIR...` reads each kind
 of file from each DIR into a fresh model and trains one step. Each calls
 `tf_loss_scale.compat.install()` first if INSTALL is 1, and prints one JSON
 line: case -> the optimizer's state after training (written) or after
-reading (read, per directory and kind), and the weights after the next
-step (or the error reading or that step raised). The programs use no legacy name: they are Keras 3 programs, which
-`install()` must leave as they are.
+reading (read, per directory and kind), and the state after the next
+step (or the error reading or that step raised). The programs use no
+legacy name: they are Keras 3 programs, which `install()` must leave as
+they are.
 
 Used by tests/test_file_matrix.py, which compares the runs value by value.
 """
@@ -33,12 +34,16 @@ KINDS = ('checkpoint', 'checkpoint_manager', 'backup_and_restore', 'keras',
          'h5', 'weights_h5', 'model_checkpoint')
 CASES = tuple(f'{o}-{p}' for o in OPTIMIZERS for p in POLICIES)
 
-# Inputs up to 6 against their sum: float16 gradients scaled by 2**15
-# overflow in the first steps, which are skipped and halve the scale.
+# Inputs against their sum, in batches of 8: the first batch of each epoch
+# (inputs up to 6) overflows float16 gradients scaled by 2**15, so that
+# step is skipped and halves the scale; the other three (inputs up to 0.5)
+# are finite, so each epoch ends with finite steps that the scale's counter
+# counts. The step after the writer's file is the second batch's.
 _RNG = np.random.RandomState(0)
-_X = _RNG.uniform(0, 6, (32, 4)).astype('float32')
-_Y = _X.sum(axis=1, keepdims=True)
 _BATCH = 8
+_X = _RNG.uniform(0, 0.5, (32, 4)).astype('float32')
+_X[:_BATCH] *= 12
+_Y = _X.sum(axis=1, keepdims=True)
 _EPOCHS = 2
 
 
@@ -91,7 +96,12 @@ def _state(model: Any) -> Dict[str, Any]:
   opt = model.optimizer
   inner = getattr(opt, 'inner_optimizer', opt)
   return {
-      'optimizer': class_names.class_name(type(opt)),
+      # The classes themselves: the class `install()` names says it is
+      # Keras's (class_names.defining_name).
+      'optimizer': class_names.defining_name(type(opt)),
+      'inner_optimizer': class_names.defining_name(type(inner)),
+      # Keras's class's, until a TF 2.4-2.15 method is called.
+      'iterations_type': class_names.defining_name(type(opt.iterations)),
       'weights': [w.tolist() for w in model.get_weights()],
       'iterations': _value(opt.iterations),
       'inner_iterations': _value(inner.iterations),
@@ -106,9 +116,10 @@ def _state(model: Any) -> Dict[str, Any]:
   }
 
 
-def _next_step(model: Any) -> List[Any]:
-  model.train_on_batch(_X[:_BATCH], _Y[:_BATCH])
-  return [w.tolist() for w in model.get_weights()]
+def _next_step(model: Any) -> Dict[str, Any]:
+  """The state after one more step, of finite gradients."""
+  model.train_on_batch(_X[_BATCH:2 * _BATCH], _Y[_BATCH:2 * _BATCH])
+  return _state(model)
 
 
 def _checkpoint(tf: Any, model: Any) -> Any:
@@ -213,7 +224,7 @@ def read(keras: Any, tf: Any, directories: List[str]) -> Dict[str, Any]:
         result = results[f'{directory}|{case}|{kind}'] = {}
         # What raises is reported as what was read, for the test to name:
         # the error if reading raised, else the state read and then the
-        # next step's weights or its error.
+        # state after the next step or its error.
         try:
           keras.mixed_precision.set_global_policy(policy)
           model = readers[kind](case, os.path.join(directory, case))

@@ -613,3 +613,30 @@ def test_an_unbuilt_wrapper_holds_keras_class_variables_until_a_tf24_call(
       keras.optimizers.SGD(0.5))) == [
           'iteration', 'learning_rate', 'step_counter', 'dynamic_scale',
           'iteration', 'learning_rate']
+
+
+def test_a_built_keras_class_values_go_to_their_variables_before_build():
+  # What Keras's HDF5 loader does with a file of Keras's class: sets the
+  # values of its built `variables` (the wrapper's own two, the scale's
+  # counter and the scale, the inner count and rate, the slots) on the
+  # optimizer it built for no variables. The class under Keras's name,
+  # unbuilt, takes each value into its variable: the scale and counter at
+  # once, as Keras's class; the count and rate, and the slots once built, as
+  # TF 2.4-2.15's kept them.
+  v = keras.Variable([1.0, 2.0])
+  written = keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.SGD(0.5, momentum=0.9))
+  written.build([v])
+  for variable, value in zip(written.variables,
+                             [0, 0.0, 3, 8.0, 6, 0.25, [0.1, 0.2]]):
+    variable.assign(value)
+  ours = shared_name.LossScaleOptimizer(
+      keras.optimizers.SGD(0.5, momentum=0.9))
+  ours.set_weights([variable.numpy() for variable in written.variables])
+  assert (int(ours.step_counter), float(ours.dynamic_scale),
+          int(ours.iterations),
+          float(ours.inner_optimizer.learning_rate)) == (3, 8.0, 6, 0.25)
+  ours.build([v])
+  np.testing.assert_array_equal(ours.inner_optimizer.variables[2],
+                                np.float32([0.1, 0.2]))
+  assert _variable_names(ours) == _variable_names(written)

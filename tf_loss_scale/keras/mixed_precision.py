@@ -305,6 +305,20 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     self._read_tf_keras_scale_into()
     self._restore_left_for_inner()
 
+  def set_weights(self, weights: Iterable[Any]) -> None:
+    """Sets the variables from their values, as `tf2_members.Keras3Members`.
+
+    Values of a built wrapper's `variables` (what Keras's HDF5 files hold)
+    have the scale's two after the wrapper's own: unbuilt, the class under
+    Keras's name makes them first, so that each value goes to its variable.
+    """
+    weights = list(weights)
+    if (not self.built and self._dynamic and
+        len(weights) > len(self.variables) and
+        not hasattr(self, 'step_counter')):
+      self._make_scale_variables()
+    super().set_weights(weights)
+
   # ---- whose behaviour (module docstring) ------------------------------
 
   def _follows_tf_keras(self) -> bool:
