@@ -32,7 +32,7 @@ TF 2.4-2.15's class (`get_scaled_loss`, `get_unscaled_gradients`,
 
 import contextlib
 import numbers
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from absl import logging
 import keras
@@ -284,19 +284,6 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     if kwargs.get('name') in made:
       return made.pop(kwargs['name'])
     return super().add_variable(*args, **kwargs)
-
-  def set_weights(self, weights: Sequence[Any]) -> None:
-    """As `tf2_members.Keras3Members.set_weights`.
-
-    Values of a built wrapper (Keras's HDF5 files hold them) given before
-    the scale's variables exist make them first, so each value goes to its
-    own variable: the scale and its counter follow Keras's two constants.
-    """
-    weights = list(weights)
-    if len(weights) > len(self.variables) and not hasattr(
-        self, 'step_counter'):
-      self._make_scale_variables()
-    super().set_weights(weights)
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
