@@ -206,8 +206,9 @@ def _program(name: str) -> Program:
     keras2_condition = keras2_condition & _RESUMES
   keras = _header(text, 'Keras')
   return Program(name, 'override=True' in install, keras in ('yes', '3 only'),
-                 resumes, condition, keras == '3 only', keras2_condition,
-                 _header(text, 'Compared') == "TensorFlow's wrapper")
+                 resumes, condition, keras3_only=keras == '3 only',
+                 keras2_condition=keras2_condition,
+                 compared=_header(text, 'Compared') == "TensorFlow's wrapper")
 
 
 def _condition(program: Program, legacy_keras: bool) -> versions.Condition:

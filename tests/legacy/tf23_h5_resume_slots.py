@@ -70,9 +70,11 @@ with tf.GradientTape() as tape:
 grads = optimizer.get_unscaled_gradients(
     tape.gradient(scaled_loss, restored.trainable_variables))
 optimizer.apply_gradients(zip(grads, restored.trainable_variables))
-# TF 2.3.4: the loop's step from the restored weights, momentum 0.
+# TF 2.3.4: the loop's step from the restored weights, momentum 0. (Its
+# float16 products round otherwise where oneDNN multiplies float16 natively,
+# by 2e-3 of the value.)
 np.testing.assert_allclose(kernel.numpy(), np.full((3, 2), -0.1148),
-                           rtol=1e-3)
+                           rtol=3e-3)
 assert int(optimizer.iterations) == 1
 
 print(json.dumps({'iterations': int(optimizer.iterations),
