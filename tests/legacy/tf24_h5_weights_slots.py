@@ -78,9 +78,11 @@ def train_step():
 
 
 train_step()
-# TF 2.15.1: the loop's step from the restored weights, momentum 0.
+# TF 2.15.1: the loop's step from the restored weights, momentum 0. (Its
+# float16 products round otherwise where oneDNN multiplies float16 natively,
+# by 2e-3 of the value.)
 np.testing.assert_allclose(kernel.numpy(), np.full((3, 2), -0.1148),
-                           rtol=1e-3)
+                           rtol=3e-3)
 assert int(optimizer.iterations) == 1
 
 print(json.dumps({
