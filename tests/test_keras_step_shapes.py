@@ -31,8 +31,10 @@ from tf_loss_scale.keras import shared_name
 # 2**15, 4 overflows the scaled gradient (131072 > 65504) though its
 # unscaled value is finite, and so does 2 once the scale has doubled back.
 _FACTORS = [1.0, 4.0, 1.0, 1.0, 2.0, 0.5]
-_SHAPES = ['eager', 'function', 'function_gradients', 'jit', 'mirrored',
-           'mirrored_split']
+# The shapes on two replicas need Keras's optimizers to sum them (3.5 on).
+_ON_REPLICAS = [pytest.param(shape, marks=versions.KERAS_SUMS_ACROSS_REPLICAS
+                             .mark) for shape in ('mirrored', 'mirrored_split')]
+_SHAPES = ['eager', 'function', 'function_gradients', 'jit'] + _ON_REPLICAS
 
 
 def _keras3_parts(opt, var):
@@ -216,6 +218,7 @@ def _sync_bn_fit(make_opt, strategy, steps=4):
     keras.mixed_precision.set_global_policy('float32')
 
 
+@versions.KERAS_SUMS_ACROSS_REPLICAS.mark
 def test_fit_with_sync_batch_norm_on_two_replicas_trains_as_keras_class(
     mirrored_strategy):
   make = lambda cls: lambda: cls(keras.optimizers.SGD(0.01), initial_scale=16)
