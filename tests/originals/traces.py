@@ -472,6 +472,8 @@ def tf1_programs(through_ours):
   found = {}
   for name in sorted(os.listdir(legacy)):
     path = os.path.join(legacy, name)
+    if not (name.startswith('tf1_') and name.endswith('.py')):
+      continue  # Not a TF1 program (the launcher's are in a folder).
     with open(path) as f:
       header = f.read().splitlines()
     if not (name.startswith('tf1_') and
