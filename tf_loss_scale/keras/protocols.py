@@ -83,9 +83,10 @@ class TwoProtocols:
 
   def _called(self, method: str) -> None:
     """Records a call of a scaling method, and the graph it is made in."""
-    self._ever_called |= {method}
-    self._latest_call = (method,
-                         weakref.ref(tf.compat.v1.get_default_graph()))
+    # Past Keras's and TensorFlow's attribute tracking: nothing saves it.
+    object.__setattr__(self, '_ever_called', self._ever_called | {method})
+    object.__setattr__(self, '_latest_call', (
+        method, weakref.ref(tf.compat.v1.get_default_graph())))
 
   def _scale_loss_in_this_graph(self) -> bool:
     method, graph = self._latest_call
