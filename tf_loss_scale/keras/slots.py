@@ -101,7 +101,10 @@ def owners(var_list: Sequence[Any], created: Sequence[Any],
   kind yet: an optimizer makes each kind of slot in the order of the
   variables it builds for. (So the one guess left is among variables of one
   name and one shape when an optimizer gives a kind of slot to some of them
-  only.)
+  only.) A created variable whose name carries no variable's (Keras 3.3's
+  Adagrad and Ftrl name the accumulator just `accumulator`) is that kind of
+  slot of the first variable of its shape without one, unless its name is a
+  variable's own name.
 
   Args:
     var_list: The variables the optimizer was built for, in that order.
@@ -115,12 +118,16 @@ def owners(var_list: Sequence[Any], created: Sequence[Any],
   by_key = {}
   for i, var in enumerate(var_list):
     by_key.setdefault(naming.key(var), []).append(i)
+  names = {var.name for var in var_list}
   found = []
   taken = set()
   for slot in created:
     fits = sorted((len(kind), _shape(slot) != _shape(var_list[i]), i, kind)
                   for key, kind in naming.splits(slot.name)
                   for i in by_key.get(key, ()))
+    if not fits and slot.name not in names:
+      fits = [(i, slot.name) for i, var in enumerate(var_list)
+              if _shape(var) == _shape(slot)]
     for *_, i, kind in fits:
       if (i, kind) not in taken:
         taken.add((i, kind))
