@@ -1,13 +1,17 @@
-"""Where `tf.distribute` meets loss scaling.
+"""Where `tf.distribute` meets loss scaling: a step's gradients across replicas.
 
 The only module that knows about strategies, replica contexts and merge_call
-(`call_for_each_replica`, `experimental_local_results`, reductions). Its
-promise: every replica, and every worker, reaches the same verdict on
-whether a step's gradients are finite, so all of them skip or apply together
-and their loss scales never drift apart. `read` is where a step's gradients
-are read, once, for that verdict and for the skip report alike.
+(`call_for_each_replica`, `experimental_local_results`, reductions). It
+owns what a step does to its gradients as a whole, in one direction: it
+divides them by the scale and sums them across replicas (`merge_step`),
+reads each replica's with the kernels of `tf_loss_scale.gradients` and
+adds the readings up (`read`), and applies or skips the step on every
+replica. Its promise: every replica, and every worker, reaches the same
+verdict, so all of them skip or apply together and their loss scales never
+drift apart.
 """
 
+import functools
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -34,30 +38,105 @@ class Reading(NamedTuple):
     return tf.logical_not(tf.reduce_any(tf.logical_or(self.nan, self.inf)))
 
 
+Reader = Callable[[], Reading]
+
+
+def merge_step(body: Callable[[tf.distribute.Strategy, List[Any], Reader],
+                              Any],
+               grads: Sequence[Any], scale: Optional[tf.Tensor] = None,
+               scaled: Optional[Sequence[bool]] = None, sums: bool = False,
+               summed: bool = False, exact: bool = False,
+               held_as: Optional[Sequence[Any]] = None) -> Any:
+  """Readies a step's gradients, then runs `body` once, cross-replica.
+
+  In the replica context (or with no strategy), in this order:
+  1. the gradients marked in `scaled` are divided by `scale`, as Keras 3
+     divides them (`gradients.unscale(divide=True)`: half precision ones
+     come back in float32);
+  2. with `sums` they are summed across replicas, in one all-reduce;
+  3. what the verdict reads is chosen: those gradients, or under XLA,
+     when every gradient was divided and none summed, their dividends, as
+     Keras's class reads them (XLA fuses the division into each op that
+     reads its result, so reading the quotients would divide every value
+     twice); with `exact` the sums, made for the reading only.
+  Then `body(strategy, grads, reading)` runs, from a merge_call under a
+  strategy: `grads` as the step applies them (per-replica values), and
+  `reading()` the step's one reading of them (`read`), made when first
+  called.
+
+  Args:
+    body: The cross-replica part of the step; its result is returned.
+    grads: One gradient per variable (`None` allowed).
+    scale: The loss scale, when some gradients are `scaled`.
+    scaled: None, or one bool per gradient: True for a gradient of the
+      scaled loss.
+    sums: Whether the step applies the sums across replicas: made here,
+      unless `summed`.
+    summed: Whether `grads` are already the sums, made by the caller.
+    exact: Whether to read the exact sums of gradients the step applies
+      per replica (one more all-reduce, for the reading only) rather than
+      bound them.
+    held_as: As `read` takes it.
+
+  Returns:
+    What `body` returns.
+
+  Raises:
+    ValueError: If `scaled` and `grads` differ in length.
+  """
+  grads, divided_by, handed = list(grads), None, None
+  if scaled is not None:
+    scaled = list(scaled)
+    if len(scaled) != len(grads):
+      raise ValueError(
+          f'Got {len(grads)} gradients but {len(scaled)} scaled flags: pass '
+          'one flag per gradient.')
+    quotients = gradients.unscale(
+        [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
+    handed, grads = grads, [q if s else g
+                            for g, q, s in zip(grads, quotients, scaled)]
+    divided_by = scale if all(scaled) else None
+  sums = sums or summed
+  if sums and not summed:
+    grads = all_reduce_in_replica(grads)
+  read_from, dividends = grads, False
+  if divided_by is not None and not sums and execution.in_xla_computation():
+    read_from, dividends = handed, True
+  if exact and not sums and tf.distribute.has_strategy():
+    read_from, dividends, sums = all_reduce_in_replica(grads), False, True
+
+  def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
+                       read_from: List[Any],
+                       divided_by: Optional[tf.Tensor]) -> Any:
+    return body(strategy, grads, functools.lru_cache(maxsize=None)(
+        lambda: read(read_from, summed=sums, divided_by=divided_by,
+                     dividends=dividends, held_as=held_as)))
+
+  return merge_to_cross_replica(in_cross_replica, grads, read_from,
+                                divided_by)
+
+
 def read(grads: Any, summed: bool = False,
          divided_by: Optional[tf.Tensor] = None,
          dividends: bool = False,
          held_as: Optional[Sequence[Any]] = None) -> Reading:
   """Reads a step's gradients once, for its verdict and its skip report.
 
-  Every gradient is read by `gradients.read`, once per replica that holds
-  it. Under a strategy the replicas' rows are added up, so an inf or a NaN
-  on any replica is seen by all, and so is a sum that could overflow: each
-  replica reads its gradients' largest magnitudes too, and where the
-  replicas' magnitudes of a gradient add up past its dtype's largest value
-  (`sum_limit`; |a sum| is at most that total) the gradient is flagged as
-  inf. The bound is conservative only when finite gradients together come
-  that close to the largest value, which for float16 means gradients near
-  32768 on two replicas. When every replica runs in this process the rows
-  are added here, with no collective op; across workers one small matrix
-  is all-reduced.
+  Each replica's gradients are read by `gradients.read`. Under a strategy
+  the replicas' rows are added up, so an inf or a NaN on any replica is
+  seen by all, and so is a sum that could overflow: each replica reads its
+  gradients' largest magnitudes too, and where the replicas' magnitudes of
+  a gradient add up past its dtype's largest value (`sum_limit`; |a sum| is
+  at most that total) the gradient is flagged as inf. The bound is
+  conservative only when finite gradients together come that close to the
+  largest value (for float16, gradients near 32768 on two replicas). When
+  every replica runs in this process the rows are added here, with no
+  collective op; across workers one small matrix is all-reduced.
 
   With `divided_by` of at least twice the number of replicas the
   magnitudes are not read (but on steps with a smaller scale): a finite
-  gradient `g` is at most its dtype's largest value `M`, so `g / s` is at
-  most about `M / s`, and a sum of `n` such values at most `n * M / s <=
-  M / 2`; the roundings of the division and of the sum are far inside that
-  factor of 2.
+  `g` is at most its dtype's largest value `M`, so a sum of `n` values
+  `g / s` is at most `n * M / s <= M / 2`, far inside the roundings.
 
   Args:
     grads: A nested structure of gradients: per-replica values in the
@@ -66,15 +145,12 @@ def read(grads: Any, summed: bool = False,
     summed: Whether `grads` are already the sums across replicas, the same
       on every replica: then one replica's are read, exactly, and nothing
       is exchanged.
-    divided_by: None, or the loss scale every gradient was divided by (by
-      `gradients.unscale`, in its own dtype): a scalar, or in the
-      cross-replica context one per replica, as a merge_call hands over
-      each replica's read of it.
-    dividends: Whether `grads` are the gradients before that division
-      (`gradients.to_read`): their magnitudes are then divided by the scale.
-      A quotient is NaN or inf where its dividend is; only a scale below 1
-      (the Keras forms' never are) could carry a finite dividend past
-      float32's largest value.
+    divided_by: None, or the loss scale every gradient was divided by (in
+      the cross-replica context one per replica, as a merge_call hands it).
+    dividends: Whether `grads` are the gradients before that division:
+      their magnitudes are then divided by the scale. A quotient is NaN or
+      inf where its dividend is; only a scale below 1 (the Keras forms'
+      never are) could carry a finite dividend past float32's largest value.
     held_as: None, or one dtype (or None) per gradient: that of the
       variable it will reach. A gradient in a wider float dtype is flagged
       inf where it, or under a strategy its sum, is past the variable
@@ -85,13 +161,15 @@ def read(grads: Any, summed: bool = False,
     The `Reading`, with one entry per entry of `tf.nest.flatten(grads)`.
   """
   grads = tf.nest.flatten(grads)
+  held_as = held_as or [None] * len(grads)
   strategy = tf.distribute.get_strategy()
   replicas = strategy.num_replicas_in_sync
   if summed or replicas == 1:
-    grads = first_replica_value(grads)
-    if held_as is not None:
-      grads = [_as_held(g, d) for g, d in zip(grads, held_as)]
-    return _reading(gradients.read(grads), grads, bound=False)
+    # Read as each variable receives it: past its dtype, an inf.
+    grads = [g if g is None else _cast(g, _narrower(g, d))
+             for g, d in zip(first_replica_value(grads), held_as)]
+    table = gradients.read(grads)
+    return Reading(table[:, 0] > 0, table[:, 1] > 0)
 
   def read_replica(replica_grads: Any, scale: Optional[tf.Tensor]
                   ) -> tf.Tensor:
@@ -105,48 +183,32 @@ def read(grads: Any, summed: bool = False,
     return tf.concat([table[:, :2], table[:, 2:] / scale], axis=1)
 
   if not tf.distribute.in_cross_replica_context():
-    return _reading(tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, read_replica(grads, divided_by)), grads,
-                    held_as=held_as)
-  tables = strategy.extended.call_for_each_replica(
-      read_replica, args=(grads, divided_by))
-  local = strategy.experimental_local_results(tables)
-  if len(local) == replicas:
-    total = tf.add_n(list(local))
+    table = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, read_replica(grads, divided_by))
   else:
-    total = strategy.reduce(tf.distribute.ReduceOp.SUM, tables, axis=None)
-  return _reading(total, first_replica_value(grads), held_as=held_as)
+    tables = strategy.extended.call_for_each_replica(
+        read_replica, args=(grads, divided_by))
+    local = strategy.experimental_local_results(tables)
+    table = (tf.add_n(list(local)) if len(local) == replicas else
+             strategy.reduce(tf.distribute.ReduceOp.SUM, tables, axis=None))
+    grads = first_replica_value(grads)
+  limits = [float('inf') if g is None else sum_limit(_narrower(g, d))
+            for g, d in zip(grads, held_as)]
+  return Reading(table[:, 0] > 0, tf.logical_or(
+      table[:, 1] > 0, table[:, 2] > tf.constant(limits, tf.float64)))
 
 
-def _reading(table: tf.Tensor, grads: List[Any], bound: bool = True,
-             held_as: Optional[Sequence[Any]] = None) -> Reading:
-  # The flags of a table of `gradients.read` (summed over replicas, with
-  # magnitudes to `bound` the sums) of `grads` (one replica's).
-  inf = table[:, 1] > 0
-  if bound:
-    held_as = held_as or [None] * len(grads)
-    limits = [float('inf') if g is None else
-              sum_limit(_narrower(gradients.dense_values(g)[0].dtype, d))
-              for g, d in zip(grads, held_as)]
-    inf = tf.logical_or(inf, table[:, 2] > tf.constant(limits, tf.float64))
-  return Reading(table[:, 0] > 0, inf)
-
-
-def _narrower(dtype: tf.DType, held: Any) -> tf.DType:
-  # The dtype a gradient of `dtype` ends in, given to a variable of `held`.
+def _narrower(grad: Any, held: Any) -> tf.DType:
+  # The dtype `grad` ends in, given to a variable of dtype `held`.
+  dtype = gradients.dense_values(grad)[0].dtype
   held = None if held is None else tf.as_dtype(held)
   if held is None or not held.is_floating or held.size >= dtype.size:
     return dtype
   return held
 
 
-def _as_held(grad: Any, held: Any) -> Any:
-  # `grad` as a variable of dtype `held` would receive it.
-  if grad is None:
-    return grad
-  values = gradients.dense_values(grad)[0]
-  dtype = _narrower(values.dtype, held)
-  if dtype == values.dtype:
+def _cast(grad: Any, dtype: tf.DType) -> Any:
+  if gradients.dense_values(grad)[0].dtype == dtype:
     return grad
   if isinstance(grad, tf.IndexedSlices):
     return tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices,

@@ -148,26 +148,6 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
   return tf.concat([table, tf.expand_dims(largest, 1)], axis=1)
 
 
-def to_read(dividends: List[Any], quotients: List[Any]) -> List[Any]:
-  """What a step that divides its gradients by the scale reads of them.
-
-  Under XLA the dividends, as Keras's class reads them: XLA fuses the
-  division into each op that reads its result, so reading the quotients
-  would divide every value twice (in the reading and in the update), and a
-  float division is slower than the read. Elsewhere the quotients, which
-  are computed once whoever reads them, and read faster than the dividends
-  beside the division.
-
-  Args:
-    dividends: The gradients of the scaled loss.
-    quotients: The same divided by the scale.
-
-  Returns:
-    One of the two lists.
-  """
-  return dividends if execution.in_xla_computation() else quotients
-
-
 def dense_values(grads: Any) -> List[tf.Tensor]:
   """Flattens a nested structure of gradients into their value tensors.
 
