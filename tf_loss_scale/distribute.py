@@ -49,34 +49,19 @@ def merge_step(body: Callable[[tf.distribute.Strategy, List[Any], Reader],
                held_as: Optional[Sequence[Any]] = None) -> Any:
   """Readies a step's gradients, then runs `body` once, cross-replica.
 
-  In the replica context (or with no strategy), in this order:
-  1. the gradients marked in `scaled` are divided by `scale`, as Keras 3
-     divides them (`gradients.unscale(divide=True)`: half precision ones
-     come back in float32);
-  2. with `sums` they are summed across replicas, in one all-reduce;
-  3. what the verdict reads is chosen: those gradients, or under XLA,
-     when every gradient was divided and none summed, their dividends, as
-     Keras's class reads them (XLA fuses the division into each op that
-     reads its result, so reading the quotients would divide every value
-     twice); with `exact` the sums, made for the reading only.
-  Then `body(strategy, grads, reading)` runs, from a merge_call under a
-  strategy: `grads` as the step applies them (per-replica values), and
-  `reading()` the step's one reading of them (`read`), made when first
-  called.
-
-  Args:
-    body: The cross-replica part of the step; its result is returned.
-    grads: One gradient per variable (`None` allowed).
-    scale: The loss scale, when some gradients are `scaled`.
-    scaled: None, or one bool per gradient: True for a gradient of the
-      scaled loss.
-    sums: Whether the step applies the sums across replicas: made here,
-      unless `summed`.
-    summed: Whether `grads` are already the sums, made by the caller.
-    exact: Whether to read the exact sums of gradients the step applies
-      per replica (one more all-reduce, for the reading only) rather than
-      bound them.
-    held_as: As `read` takes it.
+  In the replica context (or with no strategy): the gradients marked in
+  `scaled` are divided by `scale` as Keras 3 divides them
+  (`gradients.unscale(divide=True)`); with `sums` they are summed across
+  replicas in one all-reduce (unless `summed`: the caller made the sums);
+  and what the verdict reads is chosen: those gradients, or with `exact`
+  their sums, made for the reading only (instead of a bound of the sums
+  the step's apply makes), or under XLA, when every gradient was divided
+  and none summed, their dividends, as Keras's class reads them (XLA fuses
+  the division into each op reading its result, so reading the quotients
+  would divide every value twice). Then `body(strategy, grads, reading)`
+  runs, from a merge_call under a strategy, with `grads` as the step
+  applies them (per-replica values) and `reading()` the step's one
+  reading of them (`read`, with `held_as`), made when first called.
 
   Returns:
     What `body` returns.
@@ -126,8 +111,8 @@ def read(grads: Any, summed: bool = False,
   the replicas' rows are added up, so an inf or a NaN on any replica is
   seen by all, and so is a sum that could overflow: each replica reads its
   gradients' largest magnitudes too, and where the replicas' magnitudes of
-  a gradient add up past its dtype's largest value (`sum_limit`; |a sum| is
-  at most that total) the gradient is flagged as inf. The bound is
+  a gradient add up past its dtype's largest value (|a sum| is at most
+  that total) the gradient is flagged as inf. The bound is
   conservative only when finite gradients together come that close to the
   largest value (for float16, gradients near 32768 on two replicas). When
   every replica runs in this process the rows are added here, with no
@@ -146,16 +131,14 @@ def read(grads: Any, summed: bool = False,
       on every replica: then one replica's are read, exactly, and nothing
       is exchanged.
     divided_by: None, or the loss scale every gradient was divided by (in
-      the cross-replica context one per replica, as a merge_call hands it).
+      the cross-replica context per replica, as a merge_call hands it).
     dividends: Whether `grads` are the gradients before that division:
-      their magnitudes are then divided by the scale. A quotient is NaN or
-      inf where its dividend is; only a scale below 1 (the Keras forms'
-      never are) could carry a finite dividend past float32's largest value.
+      their magnitudes are then divided by the scale (a quotient is NaN or
+      inf where its dividend is, for any scale of at least 1).
     held_as: None, or one dtype (or None) per gradient: that of the
       variable it will reach. A gradient in a wider float dtype is flagged
-      inf where it, or under a strategy its sum, is past the variable
-      dtype's largest value (a float32 sum of float16 gradients that a
-      float16 variable would receive as inf).
+      inf where it, or its sum, is past that dtype's largest value (a
+      float32 sum of float16 gradients, inf in a float16 variable).
 
   Returns:
     The `Reading`, with one entry per entry of `tf.nest.flatten(grads)`.
@@ -192,7 +175,10 @@ def read(grads: Any, summed: bool = False,
     table = (tf.add_n(list(local)) if len(local) == replicas else
              strategy.reduce(tf.distribute.ReduceOp.SUM, tables, axis=None))
     grads = first_replica_value(grads)
-  limits = [float('inf') if g is None else sum_limit(_narrower(g, d))
+  # Slightly less than the largest value: the margin covers the roundings
+  # of a reduction of many replicas' gradients in their own precision.
+  limits = [float('inf') if g is None else
+            _narrower(g, d).max * (1.0 - 2.0**-20)
             for g, d in zip(grads, held_as)]
   return Reading(table[:, 0] > 0, tf.logical_or(
       table[:, 1] > 0, table[:, 2] > tf.constant(limits, tf.float64)))
@@ -219,25 +205,16 @@ def _cast(grad: Any, dtype: tf.DType) -> Any:
 def all_reduce_in_replica(grads: Sequence[Any]) -> List[Any]:
   """Sums gradients across replicas, from a replica context, in one batch.
 
-  This is the reduction an optimizer would make before applying them; a
-  step that reduces here must apply the result without reducing again.
-
-  Args:
-    grads: A list of gradients; `None` entries are kept as `None`.
-
-  Returns:
-    A list like `grads` holding the sums, identical on every replica. With no
-    strategy (or one replica) the gradients themselves.
+  The reduction an optimizer would make: a step that sums here must apply
+  the sums without summing again. `None` entries are kept; with no
+  strategy the gradients are returned as they are.
   """
-  present = [i for i, g in enumerate(grads) if g is not None]
+  present = [g for g in grads if g is not None]
   if not tf.distribute.has_strategy() or not present:
     return list(grads)
-  reduced = tf.distribute.get_replica_context().all_reduce(
-      tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
-  result = list(grads)
-  for i, value in zip(present, reduced):
-    result[i] = value
-  return result
+  sums = iter(tf.distribute.get_replica_context().all_reduce(
+      tf.distribute.ReduceOp.SUM, present))
+  return [g if g is None else next(sums) for g in grads]
 
 
 def shares_summing_to(sums: Sequence[Any]) -> List[Any]:
@@ -251,11 +228,8 @@ def shares_summing_to(sums: Sequence[Any]) -> List[Any]:
   float `x`, +0, inf and NaN included, in any order of addition. The cost is
   that second all-reduce of the gradients.
 
-  Args:
-    sums: A list of gradients, the same on every replica (`None` kept).
-
-  Returns:
-    A list like `sums`. With no strategy, or one replica, `sums` itself.
+  `sums`: a list of gradients, the same on every replica (`None` kept);
+  with no strategy, or one replica, returned as they are.
   """
   context = tf.distribute.get_replica_context()
   if (not tf.distribute.has_strategy() or context is None or
@@ -280,17 +254,10 @@ def shares_summing_to(sums: Sequence[Any]) -> List[Any]:
 
 
 def first_replica_value(value: Any) -> Any:
-  """The first local replica's component of values met in a merge_call.
+  """`value` (nested) with each per-replica value as its first replica's.
 
-  For values that every replica computed identically (a verdict on
-  all-reduced gradients), this is everyone's value without communication.
-
-  Args:
-    value: A nested structure, possibly of per-replica values.
-
-  Returns:
-    The structure with every per-replica value replaced by its first local
-    component.
+  For values every replica computed identically (a verdict on all-reduced
+  gradients), everyone's value without communication.
   """
   if not tf.distribute.has_strategy():
     return value
@@ -300,14 +267,7 @@ def first_replica_value(value: Any) -> Any:
 
 
 def require_cross_replica_context(what: str) -> None:
-  """Raises a helpful error unless the caller is in a cross-replica context.
-
-  Args:
-    what: The action being attempted, used to start the error message.
-
-  Raises:
-    RuntimeError: Inside `strategy.run` (a replica context) of a strategy.
-  """
+  """Raises a RuntimeError starting with `what` inside `strategy.run`."""
   if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
     raise RuntimeError(
         f'{what} must happen in a cross-replica context, but it was called '
@@ -316,14 +276,7 @@ def require_cross_replica_context(what: str) -> None:
 
 
 def require_replica_context(what: str) -> None:
-  """Raises a helpful error if the caller is in a cross-replica context.
-
-  Args:
-    what: The action being attempted, used to start the error message.
-
-  Raises:
-    ValueError: In the cross-replica context of a strategy.
-  """
+  """Raises a ValueError starting with `what` in a cross-replica context."""
   if tf.distribute.in_cross_replica_context():
     raise ValueError(
         f'{what} must be called in a replica context, but it was called in a '
@@ -333,16 +286,8 @@ def require_replica_context(what: str) -> None:
 def merge_to_cross_replica(fn: Callable[..., Any], *args: Any) -> Any:
   """Runs `fn(strategy, *args)` once, in the cross-replica context.
 
-  From a replica context this is a merge_call, so per-replica arguments arrive
-  in `fn` as per-replica values; outside any strategy it simply calls `fn` with
-  the default strategy.
-
-  Args:
-    fn: A function taking the strategy followed by `args`.
-    *args: The arguments to pass on.
-
-  Returns:
-    What `fn` returns.
+  From a replica context a merge_call (per-replica arguments arrive as
+  per-replica values); with no strategy, `fn` with the default strategy.
   """
   if not tf.distribute.has_strategy():
     # As the bare optimizer would run (see `apply_on_every_replica_if`).
@@ -369,20 +314,11 @@ def apply_on_every_replica_if(
   In a TF1 graph the two sides are gated by `execution.one_side_runs`,
   which costs one Switch where `tf.cond` would add one per gradient and per
   variable handle.
-
-  Args:
-    strategy: The current strategy.
-    should_apply: A bool scalar tensor, the same on every replica, or the
-      Python `True`.
-    apply_fn: Applies the step on one replica.
-    args: The arguments of `apply_fn`.
-    on_skip: Runs when the step is skipped.
-
-  Returns:
-    Whether the step was applied: eagerly `True` (when `should_apply` is) or
-    a bool tensor; in a graph (TF1 or `tf.function`) always a bool tensor,
-    ready only once the chosen side has run, so that control dependencies on
-    it order later ops after the step.
+  `should_apply` is a bool scalar tensor, the same on every replica, or
+  the Python `True`. Returns whether the step was applied: eagerly `True`
+  (when `should_apply` is) or a bool tensor; in a graph always a bool
+  tensor, ready only once the chosen side has run, so that control
+  dependencies on it order later ops after the step.
   """
   def apply_everywhere(gate: Sequence[tf.Tensor] = ()) -> tf.Operation:
     def apply_on_replica(*replica_args):
@@ -416,15 +352,3 @@ def apply_on_every_replica_if(
 
   return tf.cond(should_apply, apply_side, skip_side)
 
-
-def sum_limit(dtype: tf.DType) -> float:
-  """The largest total of the replicas' largest magnitudes deemed safe.
-
-  Args:
-    dtype: The gradients' dtype.
-
-  Returns:
-    Slightly less than `dtype.max`: the margin covers the roundings of a
-    reduction of many replicas' gradients in their own precision.
-  """
-  return dtype.max * (1.0 - 2.0**-20)

@@ -117,15 +117,10 @@ class ScaleState(abc.ABC):
              all_finite: Callable[[], tf.Tensor]) -> Decision:
     """Gives the step's verdict; runs in the cross-replica context.
 
-    Args:
-      grads: The step's unscaled gradients as `apply_fn` will get them
-        (per-replica values under a strategy).
-      all_finite: Computes the verdict on the gradients that will be
-        applied (`distribute.Reading.finite`). A state that never skips
-        need not call it, and then no verdict is computed at all.
-
-    Returns:
-      The decision. By default the gradients' verdict.
+    `grads` are the step's unscaled gradients as `apply_fn` will get them
+    (per-replica values under a strategy); `all_finite()` computes the
+    verdict on the gradients that will be applied, by default the decision.
+    A state that never skips need not call it: then nothing is read.
     """
     del grads
     return Decision(all_finite())
@@ -134,16 +129,10 @@ class ScaleState(abc.ABC):
                    ) -> Optional[Callable[[], Any]]:
     """Prepares the report of why the step is skipped, if the state keeps one.
 
-    Called in the cross-replica context before the step takes a side; what
-    it returns is called only on the skip side, before `advance`.
-
-    Args:
-      names: One name per gradient, for the report.
-      reading: Returns the reading of the gradients the verdict came from.
-
-    Returns:
-      A function that writes the report (returning an op in a graph), or
-      None. By default nothing is recorded.
+    Called in the cross-replica context before the step takes a side, with
+    one name per gradient and the reading the verdict came from. What it
+    returns (a function that writes the report, returning an op in a graph)
+    is called only on the skip side, before `advance`. By default None.
     """
     del names, reading
     return None
@@ -173,12 +162,11 @@ class LossScaleState(ScaleState):
   """The state of a `tf_loss_scale.LossScale`, for the step."""
 
   def __init__(self, loss_scale: loss_scale_lib.LossScale):
-    """Adapts `loss_scale`.
+    """Adapts `loss_scale`, any `LossScale`.
 
-    Args:
-      loss_scale: Any `LossScale`. A `DynamicLossScale` (whose `update` is
-        this library's) is consulted and moved by the step; any other
-        decides, and moves its own state, in its own `update(grads)`.
+    A `DynamicLossScale` (whose `update` is this library's) is consulted and
+    moved by the step; any other decides, and moves its own state, in its
+    own `update(grads)`.
     """
     self._loss_scale = loss_scale
     self._follows_the_rule = (
@@ -238,14 +226,13 @@ def apply_step(grads: Sequence[Any],
     apply_fn: Applies a list of gradients like `grads`; called in a replica
       context, on every replica, only when the step is applied.
     scaled: None when `grads` are already unscaled; otherwise one bool per
-      gradient, True where it is a gradient of the scaled loss (False, for
-      example, for Keras variables overwritten with their gradient), divided
-      as Keras 3 divides them (half precision ones become float32).
+      gradient, True where it is a gradient of the scaled loss (False for
+      Keras variables overwritten with their gradient), which the step
+      divides as Keras 3 does (`distribute.merge_step`).
     reduces: Whether `apply_fn` all-reduces the gradients itself (see the
       module docstring).
     summed: Whether `grads` are already the sums across replicas, made by
-      the caller; then nothing sums them (`apply_fn` must not either) and
-      `reduces` does not matter.
+      the caller; nothing sums them again and `reduces` does not matter.
     on_skip: The one place for work that runs only on a skipped step: called
       once, in the cross-replica context, with the step's unscaled gradients
       (per-replica values under a strategy, or the sums when the step
@@ -254,12 +241,10 @@ def apply_step(grads: Sequence[Any],
       `tf_loss_scale.step_record.gradient_names`); by default positions.
     name: The name of `Outcome.op`.
     held_as: The dtype of each gradient's variable, or None: a gradient
-      (or sum across replicas) is read as the variable will receive it, so
-      a finite float32 sum that is inf in a float16 variable skips the step
-      (`distribute.read`).
+      (or sum) is read as the variable will receive it (`distribute.read`).
     decides_on_sums: With `reduces`, whether the step still decides on the
       exact sums rather than on the bound (one more all-reduce, for the
-      reading only): `apply_fn` gets each replica's gradients all the same.
+      reading only).
 
   Returns:
     The step's `Outcome`.
