@@ -112,16 +112,16 @@ def read(grads: Any, summed: bool = False,
   seen by all, and so is a sum that could overflow: each replica reads its
   gradients' largest magnitudes too, and where the replicas' magnitudes of
   a gradient add up past its dtype's largest value (|a sum| is at most
-  that total) the gradient is flagged as inf. The bound is
-  conservative only when finite gradients together come that close to the
-  largest value (for float16, gradients near 32768 on two replicas). When
+  that total) the gradient is flagged as inf. The bound is conservative
+  only when finite gradients together come that close to the largest
+  value (for float16, gradients near 32768 on two replicas). When
   every replica runs in this process the rows are added here, with no
   collective op; across workers one small matrix is all-reduced.
 
   With `divided_by` of at least twice the number of replicas the
   magnitudes are not read (but on steps with a smaller scale): a finite
   `g` is at most its dtype's largest value `M`, so a sum of `n` values
-  `g / s` is at most `n * M / s <= M / 2`, far inside the roundings.
+  `g / s` is at most `n * M / s <= M / 2`: its roundings are far smaller.
 
   Args:
     grads: A nested structure of gradients: per-replica values in the
