@@ -61,10 +61,8 @@ def merge_step(body: Callable[[tf.distribute.Strategy, List[Any], Reader],
   would divide every value twice). Then `body(strategy, grads, reading)`
   runs, from a merge_call under a strategy, with `grads` as the step
   applies them (per-replica values) and `reading()` the step's one
-  reading of them (`read`, with `held_as`), made when first called.
-
-  Returns:
-    What `body` returns.
+  reading of them (`read`, with `held_as`), made when first called; what
+  `body` returns is returned.
 
   Raises:
     ValueError: If `scaled` and `grads` differ in length.
@@ -148,10 +146,8 @@ def read(grads: Any, summed: bool = False,
   strategy = tf.distribute.get_strategy()
   replicas = strategy.num_replicas_in_sync
   if summed or replicas == 1:
-    # Read as each variable receives it: past its dtype, an inf.
-    grads = [g if g is None else _cast(g, _narrower(g, d))
-             for g, d in zip(first_replica_value(grads), held_as)]
-    table = gradients.read(grads)
+    table = gradients.read([  # As each variable receives it.
+        _as_held(g, d) for g, d in zip(first_replica_value(grads), held_as)])
     return Reading(table[:, 0] > 0, table[:, 1] > 0)
 
   def read_replica(replica_grads: Any, scale: Optional[tf.Tensor]
@@ -185,16 +181,21 @@ def read(grads: Any, summed: bool = False,
 
 
 def _narrower(grad: Any, held: Any) -> tf.DType:
-  # The dtype `grad` ends in, given to a variable of dtype `held`.
-  dtype = gradients.dense_values(grad)[0].dtype
+  # The dtype `grad` ends in, given to a variable of dtype `held` (a
+  # `tf.IndexedSlices` has its values' dtype; a number, what it converts to).
+  dtype = getattr(grad, 'dtype', None)
+  dtype = (tf.convert_to_tensor(grad).dtype if dtype is None else
+           tf.as_dtype(dtype))
   held = None if held is None else tf.as_dtype(held)
   if held is None or not held.is_floating or held.size >= dtype.size:
     return dtype
   return held
 
 
-def _cast(grad: Any, dtype: tf.DType) -> Any:
-  if gradients.dense_values(grad)[0].dtype == dtype:
+def _as_held(grad: Any, held: Any) -> Any:
+  # `grad` as a variable of dtype `held` receives it.
+  dtype = None if grad is None else _narrower(grad, held)
+  if dtype is None or dtype == _narrower(grad, None):
     return grad
   if isinstance(grad, tf.IndexedSlices):
     return tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices,
