@@ -558,3 +558,32 @@ def test_apply_on_every_replica_if_in_a_tf1_graph_gates_ops_built_on_replicas(
     per_replica = session.run(
         list(mirrored_strategy.experimental_local_results(counter)))
   assert per_replica == ([1.0, 1.0] if should_apply else [0.0, 0.0])
+
+
+# --- merge_step: what a step reads ---------------------------------------------
+
+
+def test_a_step_reads_dividends_under_xla_and_quotients_elsewhere(monkeypatch):
+  read = gradients.read
+  seen = []
+  monkeypatch.setattr(gradients, 'read',
+                      lambda grads, **kw: seen.append(grads) or read(grads, **kw))
+
+  def chosen():
+    dividend = tf.constant([4.0])
+    del seen[:]
+    finite = distribute.merge_step(
+        lambda strategy, grads, reading: reading().finite, [dividend],
+        tf.constant(4.0), scaled=[True])
+    return finite, seen[0][0] is dividend
+
+  finite, read_dividend = chosen()
+  assert bool(finite) and not read_dividend
+  assert not bool(tf.function(chosen)()[1])
+  assert bool(tf.function(chosen, jit_compile=True)()[1])
+
+
+def test_merge_step_needs_one_scaled_flag_per_gradient():
+  with pytest.raises(ValueError, match='2 gradients but 1 scaled flags'):
+    distribute.merge_step(lambda *_: None, [tf.constant(1.0), None],
+                          tf.constant(2.0), scaled=[True])

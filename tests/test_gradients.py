@@ -383,13 +383,3 @@ def test_python_numbers_are_gradients_too():
   assert gradients.read([1.0, float('nan')]).numpy().tolist() == [
       [0.0, 0.0], [1.0, 0.0]]
 
-
-def test_a_step_reads_dividends_under_xla_and_quotients_elsewhere():
-  dividends, quotients = [tf.constant([4.0])], [tf.constant([1.0])]
-
-  def chosen():
-    return gradients.to_read(dividends, quotients) is dividends
-
-  assert not chosen()
-  assert not tf.function(chosen)()
-  assert tf.function(chosen, jit_compile=True)()

@@ -136,9 +136,13 @@ def test_apply_step_runs_on_skip_once_per_skipped_step_with_its_gradients():
   assert var.numpy().tolist() == [-2.0]
 
 
-def test_unscale_where_needs_one_flag_per_gradient():
+def test_a_step_needs_one_scaled_flag_per_gradient():
+  var = tf.Variable([1.0])
+  state = step.LossScaleState(tf_loss_scale.DynamicLossScale())
   with pytest.raises(ValueError, match='2 gradients but 1 scaled flags'):
-    step.unscale_where([tf.constant(1.0), None], [True], tf.constant(2.0))
+    step.apply_step([tf.constant([1.0]), None], state, _sgd_apply([var]),
+                    scaled=[True], names=['a', 'b'])
+  assert var.numpy().tolist() == [1.0]
 
 
 # --- under MirroredStrategy (two replicas) ------------------------------------

@@ -1,13 +1,17 @@
-"""Where `tf.distribute` meets loss scaling.
+"""Where `tf.distribute` meets loss scaling: a step's gradients across replicas.
 
 The only module that knows about strategies, replica contexts and merge_call
-(`call_for_each_replica`, `experimental_local_results`, reductions). Its
-promise: every replica, and every worker, reaches the same verdict on
-whether a step's gradients are finite, so all of them skip or apply together
-and their loss scales never drift apart. `read` is where a step's gradients
-are read, once, for that verdict and for the skip report alike.
+(`call_for_each_replica`, `experimental_local_results`, reductions). It
+owns what a step does to its gradients as a whole, in one direction: it
+divides them by the scale and sums them across replicas (`merge_step`),
+reads each replica's with the kernels of `tf_loss_scale.gradients` and
+adds the readings up (`read`), and applies or skips the step on every
+replica. Its promise: every replica, and every worker, reaches the same
+verdict, so all of them skip or apply together and their loss scales never
+drift apart.
 """
 
+import functools
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -34,30 +38,88 @@ class Reading(NamedTuple):
     return tf.logical_not(tf.reduce_any(tf.logical_or(self.nan, self.inf)))
 
 
+Reader = Callable[[], Reading]
+
+
+def merge_step(body: Callable[[tf.distribute.Strategy, List[Any], Reader],
+                              Any],
+               grads: Sequence[Any], scale: Optional[tf.Tensor] = None,
+               scaled: Optional[Sequence[bool]] = None, sums: bool = False,
+               summed: bool = False, exact: bool = False,
+               held_as: Optional[Sequence[Any]] = None) -> Any:
+  """Readies a step's gradients, then runs `body` once, cross-replica.
+
+  In the replica context (or with no strategy): the gradients marked in
+  `scaled` are divided by `scale` as Keras 3 divides them
+  (`gradients.unscale(divide=True)`); with `sums` they are summed across
+  replicas in one all-reduce (unless `summed`: the caller made the sums);
+  and what the verdict reads is chosen: those gradients, or with `exact`
+  their sums, made for the reading only (instead of a bound of the sums
+  the step's apply makes), or under XLA, when every gradient was divided
+  and none summed, their dividends, as Keras's class reads them (XLA fuses
+  the division into each op reading its result, so reading the quotients
+  would divide every value twice). Then `body(strategy, grads, reading)`
+  runs, from a merge_call under a strategy, with `grads` as the step
+  applies them (per-replica values) and `reading()` the step's one
+  reading of them (`read`, with `held_as`), made when first called; what
+  `body` returns is returned.
+
+  Raises:
+    ValueError: If `scaled` and `grads` differ in length.
+  """
+  grads, divided_by, handed = list(grads), None, None
+  if scaled is not None:
+    scaled = list(scaled)
+    if len(scaled) != len(grads):
+      raise ValueError(
+          f'Got {len(grads)} gradients but {len(scaled)} scaled flags: pass '
+          'one flag per gradient.')
+    quotients = gradients.unscale(
+        [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
+    handed, grads = grads, [q if s else g
+                            for g, q, s in zip(grads, quotients, scaled)]
+    divided_by = scale if all(scaled) else None
+  sums = sums or summed
+  if sums and not summed:
+    grads = all_reduce_in_replica(grads)
+  read_from, dividends = grads, False
+  if divided_by is not None and not sums and execution.in_xla_computation():
+    read_from, dividends = handed, True
+  if exact and not sums and tf.distribute.has_strategy():
+    read_from, dividends, sums = all_reduce_in_replica(grads), False, True
+
+  def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
+                       read_from: List[Any],
+                       divided_by: Optional[tf.Tensor]) -> Any:
+    return body(strategy, grads, functools.lru_cache(maxsize=None)(
+        lambda: read(read_from, summed=sums, divided_by=divided_by,
+                     dividends=dividends, held_as=held_as)))
+
+  return merge_to_cross_replica(in_cross_replica, grads, read_from,
+                                divided_by)
+
+
 def read(grads: Any, summed: bool = False,
          divided_by: Optional[tf.Tensor] = None,
          dividends: bool = False,
          held_as: Optional[Sequence[Any]] = None) -> Reading:
   """Reads a step's gradients once, for its verdict and its skip report.
 
-  Every gradient is read by `gradients.read`, once per replica that holds
-  it. Under a strategy the replicas' rows are added up, so an inf or a NaN
-  on any replica is seen by all, and so is a sum that could overflow: each
-  replica reads its gradients' largest magnitudes too, and where the
-  replicas' magnitudes of a gradient add up past its dtype's largest value
-  (`sum_limit`; |a sum| is at most that total) the gradient is flagged as
-  inf. The bound is conservative only when finite gradients together come
-  that close to the largest value, which for float16 means gradients near
-  32768 on two replicas. When every replica runs in this process the rows
-  are added here, with no collective op; across workers one small matrix
-  is all-reduced.
+  Each replica's gradients are read by `gradients.read`. Under a strategy
+  the replicas' rows are added up, so an inf or a NaN on any replica is
+  seen by all, and so is a sum that could overflow: each replica reads its
+  gradients' largest magnitudes too, and where the replicas' magnitudes of
+  a gradient add up past its dtype's largest value (|a sum| is at most
+  that total) the gradient is flagged as inf. The bound is conservative
+  only when finite gradients together come that close to the largest
+  value (for float16, gradients near 32768 on two replicas). When
+  every replica runs in this process the rows are added here, with no
+  collective op; across workers one small matrix is all-reduced.
 
   With `divided_by` of at least twice the number of replicas the
   magnitudes are not read (but on steps with a smaller scale): a finite
-  gradient `g` is at most its dtype's largest value `M`, so `g / s` is at
-  most about `M / s`, and a sum of `n` such values at most `n * M / s <=
-  M / 2`; the roundings of the division and of the sum are far inside that
-  factor of 2.
+  `g` is at most its dtype's largest value `M`, so a sum of `n` values
+  `g / s` is at most `n * M / s <= M / 2`: its roundings are far smaller.
 
   Args:
     grads: A nested structure of gradients: per-replica values in the
@@ -66,32 +128,27 @@ def read(grads: Any, summed: bool = False,
     summed: Whether `grads` are already the sums across replicas, the same
       on every replica: then one replica's are read, exactly, and nothing
       is exchanged.
-    divided_by: None, or the loss scale every gradient was divided by (by
-      `gradients.unscale`, in its own dtype): a scalar, or in the
-      cross-replica context one per replica, as a merge_call hands over
-      each replica's read of it.
-    dividends: Whether `grads` are the gradients before that division
-      (`gradients.to_read`): their magnitudes are then divided by the scale.
-      A quotient is NaN or inf where its dividend is; only a scale below 1
-      (the Keras forms' never are) could carry a finite dividend past
-      float32's largest value.
+    divided_by: None, or the loss scale every gradient was divided by (in
+      the cross-replica context per replica, as a merge_call hands it).
+    dividends: Whether `grads` are the gradients before that division:
+      their magnitudes are then divided by the scale (a quotient is NaN or
+      inf where its dividend is, for any scale of at least 1).
     held_as: None, or one dtype (or None) per gradient: that of the
       variable it will reach. A gradient in a wider float dtype is flagged
-      inf where it, or under a strategy its sum, is past the variable
-      dtype's largest value (a float32 sum of float16 gradients that a
-      float16 variable would receive as inf).
+      inf where it, or its sum, is past that dtype's largest value (a
+      float32 sum of float16 gradients, inf in a float16 variable).
 
   Returns:
     The `Reading`, with one entry per entry of `tf.nest.flatten(grads)`.
   """
   grads = tf.nest.flatten(grads)
+  held_as = held_as or [None] * len(grads)
   strategy = tf.distribute.get_strategy()
   replicas = strategy.num_replicas_in_sync
   if summed or replicas == 1:
-    grads = first_replica_value(grads)
-    if held_as is not None:
-      grads = [_as_held(g, d) for g, d in zip(grads, held_as)]
-    return _reading(gradients.read(grads), grads, bound=False)
+    table = gradients.read([  # As each variable receives it.
+        _as_held(g, d) for g, d in zip(first_replica_value(grads), held_as)])
+    return Reading(table[:, 0] > 0, table[:, 1] > 0)
 
   def read_replica(replica_grads: Any, scale: Optional[tf.Tensor]
                   ) -> tf.Tensor:
@@ -105,35 +162,30 @@ def read(grads: Any, summed: bool = False,
     return tf.concat([table[:, :2], table[:, 2:] / scale], axis=1)
 
   if not tf.distribute.in_cross_replica_context():
-    return _reading(tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, read_replica(grads, divided_by)), grads,
-                    held_as=held_as)
-  tables = strategy.extended.call_for_each_replica(
-      read_replica, args=(grads, divided_by))
-  local = strategy.experimental_local_results(tables)
-  if len(local) == replicas:
-    total = tf.add_n(list(local))
+    table = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, read_replica(grads, divided_by))
   else:
-    total = strategy.reduce(tf.distribute.ReduceOp.SUM, tables, axis=None)
-  return _reading(total, first_replica_value(grads), held_as=held_as)
+    tables = strategy.extended.call_for_each_replica(
+        read_replica, args=(grads, divided_by))
+    local = strategy.experimental_local_results(tables)
+    table = (tf.add_n(list(local)) if len(local) == replicas else
+             strategy.reduce(tf.distribute.ReduceOp.SUM, tables, axis=None))
+    grads = first_replica_value(grads)
+  # Slightly less than the largest value: the margin covers the roundings
+  # of a reduction of many replicas' gradients in their own precision.
+  limits = [float('inf') if g is None else
+            _narrower(g, d).max * (1.0 - 2.0**-20)
+            for g, d in zip(grads, held_as)]
+  return Reading(table[:, 0] > 0, tf.logical_or(
+      table[:, 1] > 0, table[:, 2] > tf.constant(limits, tf.float64)))
 
 
-def _reading(table: tf.Tensor, grads: List[Any], bound: bool = True,
-             held_as: Optional[Sequence[Any]] = None) -> Reading:
-  # The flags of a table of `gradients.read` (summed over replicas, with
-  # magnitudes to `bound` the sums) of `grads` (one replica's).
-  inf = table[:, 1] > 0
-  if bound:
-    held_as = held_as or [None] * len(grads)
-    limits = [float('inf') if g is None else
-              sum_limit(_narrower(gradients.dense_values(g)[0].dtype, d))
-              for g, d in zip(grads, held_as)]
-    inf = tf.logical_or(inf, table[:, 2] > tf.constant(limits, tf.float64))
-  return Reading(table[:, 0] > 0, inf)
-
-
-def _narrower(dtype: tf.DType, held: Any) -> tf.DType:
-  # The dtype a gradient of `dtype` ends in, given to a variable of `held`.
+def _narrower(grad: Any, held: Any) -> tf.DType:
+  # The dtype `grad` ends in, given to a variable of dtype `held` (a
+  # `tf.IndexedSlices` has its values' dtype; a number, what it converts to).
+  dtype = getattr(grad, 'dtype', None)
+  dtype = (tf.convert_to_tensor(grad).dtype if dtype is None else
+           tf.as_dtype(dtype))
   held = None if held is None else tf.as_dtype(held)
   if held is None or not held.is_floating or held.size >= dtype.size:
     return dtype
@@ -141,12 +193,9 @@ def _narrower(dtype: tf.DType, held: Any) -> tf.DType:
 
 
 def _as_held(grad: Any, held: Any) -> Any:
-  # `grad` as a variable of dtype `held` would receive it.
-  if grad is None:
-    return grad
-  values = gradients.dense_values(grad)[0]
-  dtype = _narrower(values.dtype, held)
-  if dtype == values.dtype:
+  # `grad` as a variable of dtype `held` receives it.
+  dtype = None if grad is None else _narrower(grad, held)
+  if dtype is None or dtype == _narrower(grad, None):
     return grad
   if isinstance(grad, tf.IndexedSlices):
     return tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices,
@@ -157,25 +206,16 @@ def _as_held(grad: Any, held: Any) -> Any:
 def all_reduce_in_replica(grads: Sequence[Any]) -> List[Any]:
   """Sums gradients across replicas, from a replica context, in one batch.
 
-  This is the reduction an optimizer would make before applying them; a
-  step that reduces here must apply the result without reducing again.
-
-  Args:
-    grads: A list of gradients; `None` entries are kept as `None`.
-
-  Returns:
-    A list like `grads` holding the sums, identical on every replica. With no
-    strategy (or one replica) the gradients themselves.
+  The reduction an optimizer would make: a step that sums here must apply
+  the sums without summing again. `None` entries are kept; with no
+  strategy the gradients are returned as they are.
   """
-  present = [i for i, g in enumerate(grads) if g is not None]
+  present = [g for g in grads if g is not None]
   if not tf.distribute.has_strategy() or not present:
     return list(grads)
-  reduced = tf.distribute.get_replica_context().all_reduce(
-      tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
-  result = list(grads)
-  for i, value in zip(present, reduced):
-    result[i] = value
-  return result
+  sums = iter(tf.distribute.get_replica_context().all_reduce(
+      tf.distribute.ReduceOp.SUM, present))
+  return [g if g is None else next(sums) for g in grads]
 
 
 def shares_summing_to(sums: Sequence[Any]) -> List[Any]:
@@ -189,11 +229,8 @@ def shares_summing_to(sums: Sequence[Any]) -> List[Any]:
   float `x`, +0, inf and NaN included, in any order of addition. The cost is
   that second all-reduce of the gradients.
 
-  Args:
-    sums: A list of gradients, the same on every replica (`None` kept).
-
-  Returns:
-    A list like `sums`. With no strategy, or one replica, `sums` itself.
+  `sums`: a list of gradients, the same on every replica (`None` kept);
+  with no strategy, or one replica, returned as they are.
   """
   context = tf.distribute.get_replica_context()
   if (not tf.distribute.has_strategy() or context is None or
@@ -218,17 +255,10 @@ def shares_summing_to(sums: Sequence[Any]) -> List[Any]:
 
 
 def first_replica_value(value: Any) -> Any:
-  """The first local replica's component of values met in a merge_call.
+  """`value` (nested) with each per-replica value as its first replica's.
 
-  For values that every replica computed identically (a verdict on
-  all-reduced gradients), this is everyone's value without communication.
-
-  Args:
-    value: A nested structure, possibly of per-replica values.
-
-  Returns:
-    The structure with every per-replica value replaced by its first local
-    component.
+  For values every replica computed identically (a verdict on all-reduced
+  gradients), everyone's value without communication.
   """
   if not tf.distribute.has_strategy():
     return value
@@ -238,14 +268,7 @@ def first_replica_value(value: Any) -> Any:
 
 
 def require_cross_replica_context(what: str) -> None:
-  """Raises a helpful error unless the caller is in a cross-replica context.
-
-  Args:
-    what: The action being attempted, used to start the error message.
-
-  Raises:
-    RuntimeError: Inside `strategy.run` (a replica context) of a strategy.
-  """
+  """Raises a RuntimeError starting with `what` inside `strategy.run`."""
   if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
     raise RuntimeError(
         f'{what} must happen in a cross-replica context, but it was called '
@@ -254,14 +277,7 @@ def require_cross_replica_context(what: str) -> None:
 
 
 def require_replica_context(what: str) -> None:
-  """Raises a helpful error if the caller is in a cross-replica context.
-
-  Args:
-    what: The action being attempted, used to start the error message.
-
-  Raises:
-    ValueError: In the cross-replica context of a strategy.
-  """
+  """Raises a ValueError starting with `what` in a cross-replica context."""
   if tf.distribute.in_cross_replica_context():
     raise ValueError(
         f'{what} must be called in a replica context, but it was called in a '
@@ -271,16 +287,8 @@ def require_replica_context(what: str) -> None:
 def merge_to_cross_replica(fn: Callable[..., Any], *args: Any) -> Any:
   """Runs `fn(strategy, *args)` once, in the cross-replica context.
 
-  From a replica context this is a merge_call, so per-replica arguments arrive
-  in `fn` as per-replica values; outside any strategy it simply calls `fn` with
-  the default strategy.
-
-  Args:
-    fn: A function taking the strategy followed by `args`.
-    *args: The arguments to pass on.
-
-  Returns:
-    What `fn` returns.
+  From a replica context a merge_call (per-replica arguments arrive as
+  per-replica values); with no strategy, `fn` with the default strategy.
   """
   if not tf.distribute.has_strategy():
     # As the bare optimizer would run (see `apply_on_every_replica_if`).
@@ -307,20 +315,11 @@ def apply_on_every_replica_if(
   In a TF1 graph the two sides are gated by `execution.one_side_runs`,
   which costs one Switch where `tf.cond` would add one per gradient and per
   variable handle.
-
-  Args:
-    strategy: The current strategy.
-    should_apply: A bool scalar tensor, the same on every replica, or the
-      Python `True`.
-    apply_fn: Applies the step on one replica.
-    args: The arguments of `apply_fn`.
-    on_skip: Runs when the step is skipped.
-
-  Returns:
-    Whether the step was applied: eagerly `True` (when `should_apply` is) or
-    a bool tensor; in a graph (TF1 or `tf.function`) always a bool tensor,
-    ready only once the chosen side has run, so that control dependencies on
-    it order later ops after the step.
+  `should_apply` is a bool scalar tensor, the same on every replica, or
+  the Python `True`. Returns whether the step was applied: eagerly `True`
+  (when `should_apply` is) or a bool tensor; in a graph always a bool
+  tensor, ready only once the chosen side has run, so that control
+  dependencies on it order later ops after the step.
   """
   def apply_everywhere(gate: Sequence[tf.Tensor] = ()) -> tf.Operation:
     def apply_on_replica(*replica_args):
@@ -354,15 +353,3 @@ def apply_on_every_replica_if(
 
   return tf.cond(should_apply, apply_side, skip_side)
 
-
-def sum_limit(dtype: tf.DType) -> float:
-  """The largest total of the replicas' largest magnitudes deemed safe.
-
-  Args:
-    dtype: The gradients' dtype.
-
-  Returns:
-    Slightly less than `dtype.max`: the margin covers the roundings of a
-    reduction of many replicas' gradients in their own precision.
-  """
-  return dtype.max * (1.0 - 2.0**-20)

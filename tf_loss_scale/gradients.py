@@ -74,9 +74,8 @@ def unscale(grads: Any, scale: tf.Tensor, divide: bool = False) -> Any:
 def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
   """Reads each gradient once for the kinds of values it holds.
 
-  The one reading of a step's gradients: its verdict, the bound on sums
-  across replicas and its skip report are all taken from this table (see
-  `tf_loss_scale.distribute.read`). How a gradient is read depends on where:
+  A step's verdict, the bound on its sums across replicas and its skip
+  report all come from this table. How a gradient is read depends on where:
   - In a computation XLA compiles (`execution.in_xla_computation`), in one
     pass that XLA fuses with the ops that produce the gradient: each value
     gets a code (64 for a NaN, 1 for an inf, else 0) and the codes are
@@ -105,8 +104,8 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
   Returns:
     A float64 matrix with a row per entry of `tf.nest.flatten(grads)`: how
     many of its values are NaN, how many are inf of either sign (or 1 for
-    some and 0 for none, where read in windows), and with `magnitudes` its largest `|value|`
-    (0 when empty or not read; NaN or inf when a value is).
+    some and 0 for none, where read in windows), and with `magnitudes` its
+    largest `|value|` (0 when empty or not read; NaN or inf when a value is).
 
   Raises:
     TypeError: If a gradient is not of a floating point dtype.
@@ -148,36 +147,11 @@ def read(grads: Any, magnitudes: Union[bool, tf.Tensor] = False) -> tf.Tensor:
   return tf.concat([table, tf.expand_dims(largest, 1)], axis=1)
 
 
-def to_read(dividends: List[Any], quotients: List[Any]) -> List[Any]:
-  """What a step that divides its gradients by the scale reads of them.
-
-  Under XLA the dividends, as Keras's class reads them: XLA fuses the
-  division into each op that reads its result, so reading the quotients
-  would divide every value twice (in the reading and in the update), and a
-  float division is slower than the read. Elsewhere the quotients, which
-  are computed once whoever reads them, and read faster than the dividends
-  beside the division.
-
-  Args:
-    dividends: The gradients of the scaled loss.
-    quotients: The same divided by the scale.
-
-  Returns:
-    One of the two lists.
-  """
-  return dividends if execution.in_xla_computation() else quotients
-
-
 def dense_values(grads: Any) -> List[tf.Tensor]:
-  """Flattens a nested structure of gradients into their value tensors.
+  """The value tensors of nested gradients, as a list; nothing for `None`.
 
-  Args:
-    grads: A gradient or a nested structure of gradients.
-
-  Returns:
-    A list of tensors: dense gradients as tensors (a Python number, which
-    `tf.cond` returns for a constant branch, becomes one), the `values` of
-    `tf.IndexedSlices`, and nothing for `None`.
+  A dense gradient as a tensor (a Python number, which `tf.cond` returns for
+  a constant branch, becomes one), a `tf.IndexedSlices` as its `values`.
   """
   return [
       g.values if isinstance(g, tf.IndexedSlices) else tf.convert_to_tensor(g)

@@ -3,18 +3,16 @@
 Each step every front end does the same thing, in this order:
 
 ```
-grads = grads / scale            # those that are gradients of the scaled loss
-reading = which gradients that will be applied hold a NaN, which an inf
-verdict = no gradient flagged
-if verdict: apply the gradients on every replica
-else:       skip the step on every replica, write the skip report (the
-            reading's flags) and run `on_skip`
-state = rule(state, verdict)     # only once the side taken has completed
+front end -> apply_step -> distribute.merge_step: divide by the scale, sum
+  across replicas, read each replica's gradients (the kernels of
+  tf_loss_scale.gradients) -> verdict: no gradient flagged -> apply on every
+  replica, or skip (write the skip report from the reading's flags, run
+  `on_skip`) -> state = rule(state, verdict), once the side has completed
 ```
 
-The gradients are read once (`tf_loss_scale.distribute.read`): the verdict
-and the skip report (`tf_loss_scale.step_record`) share that reading, and a
-finite step pays for the report only the flags it does not write.
+The gradients are read once: the verdict and the skip report
+(`tf_loss_scale.step_record`) share that reading, and a finite step pays
+for the report only the flags it does not write.
 
 The step is a transaction: the loss scale's state (its scale, its counters
 and its monitoring record) moves only after the side taken has completed. An
@@ -42,34 +40,23 @@ that runs the whole step, made in the cross-replica context so that every
 replica returns that same op (`Session.run` can fetch what `strategy.run`
 returns).
 
-Under a strategy, the verdict is about the gradients that are applied, the
-all-reduced ones, and every replica reaches it without exchanging it
-(`verdict` holds the computation):
+Under a strategy the verdict is about the gradients that are applied,
+the all-reduced ones, and every replica reaches it without exchanging it:
 
 - `reduces=False`: `apply_fn` applies gradients as it is given them (a
   tf_keras optimizer's `apply_gradients(..., experimental_aggregate_gradients=
-  False)`). The step all-reduces the gradients once, in the replica context,
-  decides on the exact sums (the same on every replica, so no further
-  communication) and hands the sums to `apply_fn`. Nothing is reduced
-  beyond what the bare optimizer reduces. With `summed=True` the caller
-  has made the sums already: the step decides on them as they are and sums
-  nothing. (TF 2.4-2.15's form hands the sums to a Keras 3 optimizer, which
-  sums what it is given, as `distribute.shares_summing_to`: one more
-  all-reduce.)
-- `reduces=True`: `apply_fn` all-reduces the gradients itself (a Keras 3
+  False)`). The step all-reduces them once and decides on the exact sums,
+  which it hands to `apply_fn`; with `summed=True` the caller made the sums.
+  (TF 2.4-2.15's form hands sums to a Keras 3 optimizer, which sums what
+  it is given, as `distribute.shares_summing_to`: one more all-reduce.)
+- `reduces=True`: `apply_fn` all-reduces them itself (a Keras 3
   optimizer's `apply`, a `tf.compat.v1` optimizer's `apply_gradients`), and
-  no public API of those optimizers takes sums without summing them again
-  (short of a second all-reduce). The step then decides before the sums
-  exist, from each replica's reading of its own gradients, added up
-  (`distribute.read`): a step is applied only
-  if every replica's gradients are finite and their sums certainly are (a
-  bound, exact unless the replicas' largest magnitudes of a gradient
-  together pass its dtype's largest value).
+  no public API of those optimizers takes sums without summing them again.
+  The step decides before the sums exist, on a bound of them: each
+  replica's reading, added up (`distribute.read`).
 - Either way, with `held_as` a sum is finite only if it is in its
-  variable's dtype too: a Keras 3 optimizer casts a float32 sum of float16
-  gradients back to its float16 variable. When the step divided every
-  gradient by a scale of at least twice the number of replicas, being
-  finite is that bound, and the gradients are read for nothing more.
+  variable's dtype too (a Keras 3 optimizer casts a float32 sum of float16
+  gradients back to its float16 variable).
 
 A user's own `LossScale` subclass decides through its `update(grads)`, which
 assigns its own state as it decides, so that state moves before the apply
@@ -78,19 +65,16 @@ on its verdict, and runs `update`'s op with the step in a graph.
 """
 
 import abc
-import functools
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
 from tf_loss_scale import distribute
-from tf_loss_scale import gradients
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import step_record
 
 Verdict = Union[bool, tf.Tensor]
-# Returns the step's reading of its gradients.
-Reader = Callable[[], distribute.Reading]
+Reader = distribute.Reader  # Returns the step's reading of its gradients.
 
 
 class Decision(NamedTuple):
@@ -133,15 +117,10 @@ class ScaleState(abc.ABC):
              all_finite: Callable[[], tf.Tensor]) -> Decision:
     """Gives the step's verdict; runs in the cross-replica context.
 
-    Args:
-      grads: The step's unscaled gradients as `apply_fn` will get them
-        (per-replica values under a strategy).
-      all_finite: Computes the verdict on the gradients that will be
-        applied (`distribute.Reading.finite`). A state that never skips
-        need not call it, and then no verdict is computed at all.
-
-    Returns:
-      The decision. By default the gradients' verdict.
+    `grads` are the step's unscaled gradients as `apply_fn` will get them
+    (per-replica values under a strategy); `all_finite()` computes the
+    verdict on the gradients that will be applied, by default the decision.
+    A state that never skips need not call it: then nothing is read.
     """
     del grads
     return Decision(all_finite())
@@ -150,16 +129,10 @@ class ScaleState(abc.ABC):
                    ) -> Optional[Callable[[], Any]]:
     """Prepares the report of why the step is skipped, if the state keeps one.
 
-    Called in the cross-replica context before the step takes a side; what
-    it returns is called only on the skip side, before `advance`.
-
-    Args:
-      names: One name per gradient, for the report.
-      reading: Returns the reading of the gradients the verdict came from.
-
-    Returns:
-      A function that writes the report (returning an op in a graph), or
-      None. By default nothing is recorded.
+    Called in the cross-replica context before the step takes a side, with
+    one name per gradient and the reading the verdict came from. What it
+    returns (a function that writes the report, returning an op in a graph)
+    is called only on the skip side, before `advance`. By default None.
     """
     del names, reading
     return None
@@ -189,12 +162,11 @@ class LossScaleState(ScaleState):
   """The state of a `tf_loss_scale.LossScale`, for the step."""
 
   def __init__(self, loss_scale: loss_scale_lib.LossScale):
-    """Adapts `loss_scale`.
+    """Adapts `loss_scale`, any `LossScale`.
 
-    Args:
-      loss_scale: Any `LossScale`. A `DynamicLossScale` (whose `update` is
-        this library's) is consulted and moved by the step; any other
-        decides, and moves its own state, in its own `update(grads)`.
+    A `DynamicLossScale` (whose `update` is this library's) is consulted and
+    moved by the step; any other decides, and moves its own state, in its
+    own `update(grads)`.
     """
     self._loss_scale = loss_scale
     self._follows_the_rule = (
@@ -254,14 +226,13 @@ def apply_step(grads: Sequence[Any],
     apply_fn: Applies a list of gradients like `grads`; called in a replica
       context, on every replica, only when the step is applied.
     scaled: None when `grads` are already unscaled; otherwise one bool per
-      gradient, True where it is a gradient of the scaled loss (False, for
-      example, for Keras variables overwritten with their gradient), divided
-      as Keras 3 divides them (half precision ones become float32).
+      gradient, True where it is a gradient of the scaled loss (False for
+      Keras variables overwritten with their gradient), which the step
+      divides as Keras 3 does (`distribute.merge_step`).
     reduces: Whether `apply_fn` all-reduces the gradients itself (see the
       module docstring).
     summed: Whether `grads` are already the sums across replicas, made by
-      the caller; then nothing sums them (`apply_fn` must not either) and
-      `reduces` does not matter.
+      the caller; nothing sums them again and `reduces` does not matter.
     on_skip: The one place for work that runs only on a skipped step: called
       once, in the cross-replica context, with the step's unscaled gradients
       (per-replica values under a strategy, or the sums when the step
@@ -270,12 +241,10 @@ def apply_step(grads: Sequence[Any],
       `tf_loss_scale.step_record.gradient_names`); by default positions.
     name: The name of `Outcome.op`.
     held_as: The dtype of each gradient's variable, or None: a gradient
-      (or sum across replicas) is read as the variable will receive it, so
-      a finite float32 sum that is inf in a float16 variable skips the step
-      (`distribute.read`).
+      (or sum) is read as the variable will receive it (`distribute.read`).
     decides_on_sums: With `reduces`, whether the step still decides on the
       exact sums rather than on the bound (one more all-reduce, for the
-      reading only): `apply_fn` gets each replica's gradients all the same.
+      reading only).
 
   Returns:
     The step's `Outcome`.
@@ -287,36 +256,9 @@ def apply_step(grads: Sequence[Any],
     raise ValueError(
         f'Got {len(grads)} gradients for {len(names)} variables: pass one '
         'gradient per variable.')
-  divided_by = None
-  if scaled is not None:
-    scale = state.scale()
-    handed, grads = grads, unscale_where(grads, scaled, scale)
-    if all(scaled):
-      divided_by = scale
-  sums = summed or not reduces  # Whether the step applies sums.
-  if sums and not summed:
-    grads = distribute.all_reduce_in_replica(grads)
-  # What the step reads: the quotients, or under XLA their dividends (see
-  # `gradients.to_read`).
-  read_from = grads
-  if divided_by is not None and not sums:
-    read_from = gradients.to_read(handed, grads)
-  dividends = read_from is not grads
-  reads_sums = sums
-  if decides_on_sums and not sums and tf.distribute.has_strategy():
-    # The exact sums, read only: `apply_fn` sums `grads` itself.
-    read_from = distribute.all_reduce_in_replica(grads)
-    dividends, reads_sums = False, True
 
   def in_cross_replica(strategy: tf.distribute.Strategy, grads: List[Any],
-                       read_from: List[Any],
-                       divided_by: Optional[tf.Tensor]) -> Outcome:
-    # The one reading of the gradients, made when the verdict or the report
-    # first asks for it.
-    reading = functools.lru_cache(maxsize=None)(lambda: distribute.read(
-        read_from, summed=reads_sums, divided_by=divided_by,
-        dividends=dividends,
-        held_as=held_as))
+                       reading: Reader) -> Outcome:
     decision = state.decide(grads, lambda: reading().finite)
     report = state.skip_reporter(names, reading)
 
@@ -341,33 +283,10 @@ def apply_step(grads: Sequence[Any],
                     name=name)
     return Outcome(applied, advanced, op)
 
-  return distribute.merge_to_cross_replica(in_cross_replica, grads,
-                                          read_from, divided_by)
-
-
-def unscale_where(grads: List[Any], scaled: Sequence[bool],
-                  scale: tf.Tensor) -> List[Any]:
-  """Divides by `scale`, as Keras 3 does, the gradients of a scaled loss.
-
-  Args:
-    grads: A list of gradients (`None` allowed).
-    scaled: One bool per gradient.
-    scale: The loss scale, a scalar tensor.
-
-  Returns:
-    A new list: marked gradients unscaled, the others as they were.
-
-  Raises:
-    ValueError: If `scaled` and `grads` differ in length.
-  """
-  scaled = list(scaled)
-  if len(scaled) != len(grads):
-    raise ValueError(
-        f'Got {len(grads)} gradients but {len(scaled)} scaled flags: pass one '
-        'flag per gradient.')
-  unscaled = gradients.unscale(
-      [g if s else None for g, s in zip(grads, scaled)], scale, divide=True)
-  return [u if s else g for g, u, s in zip(grads, unscaled, scaled)]
+  return distribute.merge_step(
+      in_cross_replica, grads, None if scaled is None else state.scale(),
+      scaled, sums=not reduces, summed=summed, exact=decides_on_sums,
+      held_as=held_as)
 
 
 def graph_elements(*values: Any) -> List[Union[tf.Tensor, tf.Operation]]:
