@@ -2,24 +2,20 @@
 
 A `StepRecord` is monitoring state kept next to a loss scale's, never saved
 with it (checkpoints and `.keras` files keep the peers' layouts): the counts
-`skipped_steps`, `last_step_skipped` and `steps`, moved once per step, and
-the latest skip report: the step's number, its scale, and which gradients
-held a NaN and which an inf, as the step's one reading of its gradients
-(`tf_loss_scale.distribute.read`) found them. The report is written only on
-the skip branch (`tf_loss_scale.step.apply_step`), so a finite step pays for
-the counts alone. `SkipReport` is what `monitoring.last_skip` returns.
+`skipped_steps`, `last_step_skipped` and `steps`, and the latest skip report
+(`SkipReport`, from the step's one reading of its gradients), written only
+on the skip branch so a finite step pays for the counts alone.
 
-Under a strategy a write of a mirrored variable is a write on every device,
-so the report takes few variables: its numbers one float64 vector (exact up
-to 2**53), its flags one boolean matrix per "site" (list of gradient names,
-kept in Python; numbers only, so XLA works), created when a step with those
-names is first traced. The counts stay three scalars, as Keras's optimizer
-tests expect of what an optimizer assigns directly.
+A write of a mirrored variable is a write on every device, so the report
+takes few variables: its numbers one float64 vector, its flags one boolean
+matrix per "site" (list of gradient names, kept in Python, so XLA works),
+made when a step with those names is first traced. The counts stay three
+scalars, as Keras's optimizer tests expect of what an optimizer assigns.
 
 In a TF1 graph the variables are in no collection, under the library's own
-name scope (`GRAPH_SCOPE`), so a graph has what it has with TensorFlow's
-wrapper. No initialiser resets them: each session's first step sets them,
-and until then they read "no step".
+name scope (`GRAPH_SCOPE`), as with TensorFlow's wrapper. No initialiser
+resets them: each session's first step sets them; until then they read "no
+step".
 """
 
 import contextlib
@@ -45,17 +41,14 @@ class SkipReport:
 
   Attributes:
     step: How many steps, applied and skipped, went through the loss scale
-      (in this process; in a TF1 graph, in this session) before the
-      skipped one.
+      (in this process; in a TF1 graph, in this session) before this one.
     loss_scale: The scale the skipped step's gradients were computed with.
-    nan: The variables whose gradient held a NaN, in the step's order:
-      `tf.Variable.name`, a Keras variable's `path`, or `'gradient i'` (its
-      position) where no variable is known. Under a strategy, on any replica.
+    nan: The variables whose gradient held a NaN (on any replica), in the
+      step's order, named by `gradient_names`.
     inf: The variables whose gradient held an inf of either sign, or whose
       sum across replicas may overflow. A variable can be in both lists.
     cause: `'nan'` when any gradient held a NaN (no loss scale cures that),
-      `'overflow'` otherwise (a lower scale does): infinities, or under a
-      strategy sums across replicas that could overflow.
+      else `'overflow'` (a lower scale does).
   """
   step: int
   loss_scale: float
@@ -124,8 +117,7 @@ class StepRecord:
     self._counts = None
     self._report = None
     self._sites: Dict[Tuple[str, ...], _Site] = {}
-    # By the name of a whole step's op in a TF1 graph, the skip count read
-    # once that op has run.
+    # The skip count once a step's op has run, by the op's name (TF1 graph).
     self._counted_after: Dict[str, tf.Tensor] = {}
 
   @property
@@ -147,8 +139,7 @@ class StepRecord:
           'last_step_skipped': _monitoring_variable('last_step_skipped',
                                                     False, tf.bool),
       }
-      # The latest skipped step's number (-1 until a step is skipped), the
-      # index of its site, and its loss scale.
+      # The latest skipped step's number (-1: none), site and loss scale.
       self._report = _monitoring_variable('skip_report', _NO_REPORT,
                                           tf.float64, [3])
       self._graph = (None if tf.executing_eagerly() else
@@ -266,7 +257,7 @@ class StepRecord:
     return _read_or(self._counts['last_step_skipped'], False)
 
   def describe(self) -> tf.Tensor:
-    """The latest report as a string tensor, for messages built in a graph.
+    """The latest report as a string tensor, for collapse messages.
 
     `' The last skipped step: '`, the report as `str(SkipReport)` words it,
     then `NAN_NOTE` for a NaN; empty with no report.
@@ -345,14 +336,6 @@ def _run_without_hooks(session: Any, fetches: Any) -> Any:
 
 NAN_NOTE = (' A NaN is not an overflow: no loss scale will cure it. Look for '
             'its source in the model, the loss or the inputs.')
-
-
-def note_for(report: Optional[SkipReport]) -> str:
-  """The sentences a collapse message adds about `report` (eagerly)."""
-  if report is None:
-    return ''
-  return f' The last skipped step: {report}.' + (
-      NAN_NOTE if report.cause == NAN else '')
 
 
 def _listed(prefix: str, names: Tuple[str, ...], flags: tf.Tensor
