@@ -41,19 +41,18 @@ def one_side_runs(predicate: tf.Tensor,
                   if_false: Callable[[], Any]) -> tf.Tensor:
   """Runs one of two sides in a TF1 graph, as TF1's own `cond` does inside.
 
-  A Switch of the predicate makes one of two pivot tensors live and the
-  other dead; every op a side creates has a control edge from its pivot, so
-  the side not taken never runs, and the inputs the sides read need no
-  Switch of their own. A Merge rejoins the sides. `tf.cond` makes a
-  functional `If` instead (control flow v2), whose call costs more per step,
-  or one Switch per input.
+  A Switch of the predicate makes one of two pivots live; every op a side
+  creates has a control edge from its pivot, so the side not taken never
+  runs, and its inputs need no Switch of their own (`tf.cond` makes a
+  functional `If`, costlier per step, or one Switch per input). A Merge
+  rejoins the sides.
 
   Args:
     predicate: A bool scalar tensor.
     if_true: Called with the tensors its ops must depend on (for ops built
       in other threads, such as replica threads); returns an op, a tensor or
-      None.
-    if_false: Returns an op, a tensor or None.
+      None, as `if_false` does.
+    if_false: Called with no argument.
 
   Returns:
     `predicate`'s value, once the chosen side has run.
@@ -81,9 +80,6 @@ def computed_unless(known: tf.Tensor, compute: Callable[[], tf.Tensor],
       this thread (replica threads would not inherit the gate). It must
       create no stateful op (in a `tf.function` every stateful op runs).
     otherwise: The result when `known` is True.
-
-  Returns:
-    `otherwise` or what `compute` returned.
 
   Raises:
     ValueError: In a computation XLA compiles, which has no such gating.

@@ -45,12 +45,10 @@ class SavedModelOnlyChildren:
   """
 
   def _saved_model_only_children(self) -> Dict[str, Any]:
-    """The extra dependencies, by name (a subclass says which)."""
-    raise NotImplementedError
+    raise NotImplementedError  # The extra dependencies, by name.
 
   def _children_checkpoints_leave_out(self) -> Sequence[str]:
-    """Names of dependencies object checkpoints leave out (none here)."""
-    return ()
+    return ()  # Names of dependencies object checkpoints leave out.
 
   def _trackable_children(self, save_type='checkpoint', **kwargs):
     children = super()._trackable_children(save_type, **kwargs)
@@ -67,7 +65,8 @@ class SavedModelOnlyChildren:
 
 
 def name_dependencies(wrapper: Any, **children: Any) -> None:
-  """Names checkpoint dependencies of an optimizer wrapper or a loss scale.
+  """Makes `children` dependencies of `wrapper` (a wrapper or a loss scale),
+  under the names they are passed by.
 
   Hook: `Trackable._track_trackable(child, name)`: a v1 optimizer tracks
   nothing on assignment, and a Keras 3 optimizer names a dependency after its
@@ -75,10 +74,6 @@ def name_dependencies(wrapper: Any, **children: Any) -> None:
   (`base_optimizer` and `loss_scale` of the v1 wrapper, tf_keras's
   `loss_scale`, a `LossScale` subclass's weights). A name already taken goes
   to the new child. `tests/test_checkpointing.py` fails if the hook changes.
-
-  Args:
-    wrapper: The trackable: an optimizer wrapper or a loss scale.
-    **children: The trackables to depend on, by dependency name.
   """
   for name, child in children.items():
     wrapper._track_trackable(  # pylint: disable=protected-access
@@ -88,16 +83,14 @@ def name_dependencies(wrapper: Any, **children: Any) -> None:
 class DelegatesCheckpointToInner:
   """TF 2.3's layout: the inner optimizer's checkpoint plus `loss_scale`.
 
-  TF 2.3's experimental Keras `LossScaleOptimizer` (and tf_keras's
-  `mixed_precision.LossScaleOptimizer`) saved itself as its inner optimizer
-  does, plus a `loss_scale` dependency, standing in for the inner optimizer,
-  so a checkpoint moves between the wrapper and the bare inner optimizer.
-  Hooks: the underscore methods of the Trackable protocol that
-  `tf.__internal__.tracking.Trackable` documents for subclasses;
-  tests/test_checkpointing_keras.py fails if TensorFlow stops calling one.
-
-  A subclass has `inner_optimizer` and `loss_scale`; one that saves another
-  layout overrides `_checkpoint_children` and `_checkpoint_dependency`.
+  TF 2.3's experimental Keras `LossScaleOptimizer` (and tf_keras's) stood
+  in for its inner optimizer, saving its dependencies plus `loss_scale`, so
+  a checkpoint moves between the wrapper and the bare inner optimizer.
+  Hooks: the Trackable methods `tf.__internal__.tracking.Trackable`
+  documents for subclasses; tests/test_checkpointing_keras.py fails if
+  TensorFlow stops calling one. A subclass has `inner_optimizer` and
+  `loss_scale`; one of another layout overrides `_checkpoint_children` and
+  `_checkpoint_dependency`.
   """
 
   def _trackable_children(self, save_type='checkpoint', **kwargs
