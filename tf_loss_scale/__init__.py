@@ -37,13 +37,4 @@ __getattr__, __dir__ = _lazy.attributes(__name__, {
        for module in ('compat', 'inspect_checkpoint', 'keras', 'monitoring')},
 }, globals())
 
-__all__ = [
-    'DynamicLossScale',
-    'FixedLossScale',
-    'LossScale',
-    'LossScaleCollapseError',
-    'MixedPrecisionLossScaleOptimizer',
-    'deserialize',
-    'get',
-    'serialize',
-]
+__all__ = sorted(name for names in _CORE.values() for name in names)

@@ -19,18 +19,15 @@ docs/migrating_tf23.md.
 import importlib
 import sys
 import types
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List
 
 import tensorflow as tf
 
 import tf_loss_scale
 
 _MISSING = object()
-# What install() changed, in order: (namespace or registry dict, attribute
-# or key, previous value).
-_installed: List[Tuple[Any, str, Any]] = []
-# sys.modules entries install() added, with what they replaced.
-_installed_modules: Dict[str, Any] = {}
+# What undoes each change install() made, in order.
+_undo: List[Callable[[], Any]] = []
 
 _LOSS_SCALE_NAMES = ('LossScale', 'FixedLossScale', 'DynamicLossScale')
 
@@ -38,20 +35,17 @@ _LOSS_SCALE_NAMES = ('LossScale', 'FixedLossScale', 'DynamicLossScale')
 def install(override: bool = False) -> None:
   """Makes the legacy loss scaling names resolve to this library.
 
-  TF 2.3's `tf.keras.mixed_precision.experimental` (reachable by attribute
-  and by `import`, also from `keras`/`tf_keras` and `tf.compat.v1.keras`
-  except on TF 2.12); `compile`, replaced on the Keras class that defines
-  it (where Keras's loader looks), applying the `Policy`'s loss scale; on
-  Keras 3 TF 2.4-2.15's `mixed_precision.LossScaleOptimizer`, which
-  `compile` then makes where it made Keras's; and the loss scales and graph
-  rewrite in `tf.train.experimental` and `tf.mixed_precision.experimental`.
-  docs/differences.md lists every name. Idempotent: to change `override`,
-  call `uninstall()` first.
+  TF 2.3's `tf.keras.mixed_precision.experimental` (as attribute and for
+  `import`); `compile`, applying the `Policy`'s loss scale; on Keras 3, TF
+  2.4-2.15's `mixed_precision.LossScaleOptimizer`; and the loss scales and
+  graph rewrite in `tf.train.experimental` and
+  `tf.mixed_precision.experimental`. docs/differences.md lists every name.
+  Idempotent: to change `override`, call `uninstall()` first.
 
   Args:
     override: Whether to replace names TensorFlow itself still defines.
   """
-  if _installed or _installed_modules:
+  if _undo:
     return
   # pylint: disable=g-import-not-at-top
   from tf_loss_scale import graph_rewrite
@@ -65,9 +59,6 @@ def install(override: bool = False) -> None:
          for name in experimental.POLICY_NAMES})
   for namespace in mixed_precision:
     _attach_module(namespace, 'experimental', keras_experimental)
-  # On Keras 3, TF 2.4-2.15's class takes the `mixed_precision` name, and
-  # `compile` puts it where it made Keras's (see
-  # `compile_with_policy_loss_scale`).
   tf24 = None
   if families.is_keras3(tf.keras):
     from tf_loss_scale.keras import shared_name as tf24
@@ -80,18 +71,15 @@ def install(override: bool = False) -> None:
                vars(compile_owner)['compile'],
                tf24_form=getattr(tf24, 'LossScaleOptimizer', None)))
   if tf24 is not None:
-    # TF 2.4-2.15's class where the name is Keras 3's (stateless);
-    # `keras.optimizers.LossScaleOptimizer` keeps Keras's own.
+    # On Keras 3, TF 2.4-2.15's class takes the `mixed_precision` name
+    # (which `compile` makes too); `keras.optimizers` keeps Keras's own.
     for namespace in mixed_precision:
       if hasattr(getattr(namespace, 'LossScaleOptimizer', None),
                  'stateless_apply'):
         _replace(namespace, 'LossScaleOptimizer', tf24.LossScaleOptimizer)
-    # Files name this class `LossScaleOptimizer`, as Keras's (`.h5` files
-    # of both, `.keras` files of this one; see `shared_name`): they load
-    # into it. Keras's optimizer deserializer looks the names of its own
-    # optimizers up in lower case, as `.h5` files are read. tf_keras's
-    # configs name its Keras 3-era class `LossScaleOptimizerV3`, which
-    # Keras's deserializers do not know: they read it as this class too.
+    # Files naming `LossScaleOptimizer` (see `shared_name`; `.h5` files in
+    # lower case) load into this class, and so do tf_keras's configs of
+    # `LossScaleOptimizerV3`, which Keras's deserializers do not know.
     saving = importlib.import_module('keras.saving')
     for name in ('LossScaleOptimizer', 'lossscaleoptimizer',
                  'LossScaleOptimizerV3'):
@@ -122,39 +110,20 @@ def install(override: bool = False) -> None:
 
 def uninstall() -> None:
   """Undoes `install()`, restoring every name it changed; safe to repeat."""
-  while _installed:
-    namespace, name, previous = _installed.pop()
-    if isinstance(namespace, dict):
-      if previous is _MISSING:
-        namespace.pop(name, None)
-      else:
-        namespace[name] = previous
-    elif previous is _MISSING:
-      delattr(namespace, name)
-    else:
-      setattr(namespace, name, previous)
-  for module_name, previous in _installed_modules.items():
-    if previous is _MISSING:
-      del sys.modules[module_name]
-    else:
-      sys.modules[module_name] = previous
-  _installed_modules.clear()
+  while _undo:
+    _undo.pop()()
 
 
 def is_installed() -> bool:
   """Returns whether `install()` is in effect."""
-  return bool(_installed or _installed_modules)
+  return bool(_undo)
 
 
 def _keras_mixed_precision_modules() -> List[types.ModuleType]:
-  # The Keras `tf.keras` is (Keras 3, or tf_keras under TF_USE_LEGACY_KERAS)
-  # can have up to four distinct `mixed_precision` module objects:
-  # `tf.keras.mixed_precision`, the one `import tensorflow.keras.
-  # mixed_precision` creates, the Keras package's own and tf_keras's v1 API
-  # (`tf.compat.v1.keras`); legacy code reaches the name through any of them.
-  # `tf.keras`'s comes first. The package is told by where `tf.keras`'s
-  # classes are defined (`tf.keras.__name__` depends on how `tf.keras` was
-  # first reached).
+  # Legacy code reaches the name through up to four `mixed_precision`
+  # modules: `tf.keras`'s (first), `import tensorflow.keras.mixed_precision`'s,
+  # the Keras package's (told by where `tf.keras`'s classes are defined) and
+  # tf_keras's v1 API (`tf.compat.v1.keras`).
   tf_keras_mixed_precision = tf.keras.mixed_precision
   keras_package = importlib.import_module(
       tf_keras_mixed_precision.Policy.__module__.split('.')[0])
@@ -189,20 +158,21 @@ def _attach_module(namespace: Any, name: str, module: types.ModuleType) -> None:
   if hasattr(namespace, name):
     return
   _replace(namespace, name, module)
-  _installed_modules.setdefault(module.__name__,
-                                sys.modules.get(module.__name__, _MISSING))
-  sys.modules[module.__name__] = module
+  _replace_item(sys.modules, module.__name__, module)
 
 
 def _replace(namespace: Any, name: str, value: Any) -> None:
   # A class gets back its own attribute, or none (so it inherits again).
   previous = (vars(namespace).get(name, _MISSING) if isinstance(namespace, type)
               else getattr(namespace, name, _MISSING))
-  _installed.append((namespace, name, previous))
   setattr(namespace, name, value)
+  _undo.append(lambda: delattr(namespace, name) if previous is _MISSING else
+               setattr(namespace, name, previous))
 
 
 def _replace_item(mapping: Dict[str, Any], key: str, value: Any) -> None:
-  # As `_replace`, for an entry of a registry dict.
-  _installed.append((mapping, key, mapping.get(key, _MISSING)))
+  # As `_replace`, for an entry of a dict (a registry, `sys.modules`).
+  previous = mapping.get(key, _MISSING)
   mapping[key] = value
+  _undo.append(lambda: mapping.pop(key, None) if previous is _MISSING else
+               mapping.update({key: previous}))

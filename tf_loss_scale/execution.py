@@ -1,7 +1,6 @@
 """Where code runs: eagerly, in a `tf.function`, or in a TF1 graph.
 
-The library behaves the same in all three; the few places where how it
-builds ops must differ ask here, so the distinction is made in one module.
+The few places where how the library builds ops must differ ask here.
 """
 
 from typing import Any, Callable, Optional, Sequence
@@ -21,15 +20,7 @@ def in_tf1_graph() -> bool:
 
 
 def op_in_graph_mode(make_op: Callable[[], Any]) -> Optional[tf.Operation]:
-  """Runs `make_op` and returns its op when building a graph.
-
-  Args:
-    make_op: Creates the op (eagerly, runs it).
-
-  Returns:
-    The op in a TF1 graph or a `tf.function`; None eagerly, where the work
-    has already been done.
-  """
+  """Runs `make_op`; returns its op in a graph, None eagerly (work done)."""
   op = make_op()
   return None if tf.executing_eagerly() else op
 
@@ -38,12 +29,9 @@ def in_xla_computation() -> bool:
   """Whether ops are being added to a computation that XLA compiles.
 
   True while a `tf.function(jit_compile=True)` (or a function it calls) is
-  traced, which is how Keras compiles `model.fit`'s step with XLA.
-
-  Why: XLA has no kernel for the op that reads gradients elsewhere, and
-  no gating of ops (see `tf_loss_scale.gradients.read`). Every supported
-  TensorFlow (2.12 on) has the hook (`private_api`); one without it gets
-  False.
+  traced, as Keras compiles `model.fit`'s step. XLA has no kernel for the op
+  that reads gradients elsewhere and no gating of ops
+  (`tf_loss_scale.gradients.read`). False on a TensorFlow without the hook.
   """
   return private_api.enclosing_xla_context() is not None
 
@@ -53,22 +41,18 @@ def one_side_runs(predicate: tf.Tensor,
                   if_false: Callable[[], Any]) -> tf.Tensor:
   """Runs one of two sides in a TF1 graph, as TF1's own `cond` does inside.
 
-  A Switch of the predicate makes one of two pivot tensors live and the
-  other dead. Every op a side creates has a control edge from that side's
-  pivot, and the executor never runs an op with a dead input, so the side
-  not taken does nothing; the inputs the sides read (gradients, variable
-  handles) need no Switch of their own. A Merge rejoins the sides, so the
-  result is always live and ready only after the chosen side has finished.
-  `tf.cond` makes a functional `If` instead where control flow v2 is on (the
-  default from TensorFlow 2.0), whose call costs more per step than these
-  few ops, or one Switch per input where it is off.
+  A Switch of the predicate makes one of two pivots live; every op a side
+  creates has a control edge from its pivot, so the side not taken never
+  runs, and its inputs need no Switch of their own (`tf.cond` makes a
+  functional `If`, costlier per step, or one Switch per input). A Merge
+  rejoins the sides.
 
   Args:
     predicate: A bool scalar tensor.
-    if_true: Called with the list of tensors its ops must depend on (for ops
-      built in other threads, such as replica threads); returns an op, a
-      tensor or None.
-    if_false: Returns an op, a tensor or None.
+    if_true: Called with the tensors its ops must depend on (for ops built
+      in other threads, such as replica threads); returns an op, a tensor or
+      None, as `if_false` does.
+    if_false: Called with no argument.
 
   Returns:
     `predicate`'s value, once the chosen side has run.
@@ -86,23 +70,16 @@ def computed_unless(known: tf.Tensor, compute: Callable[[], tf.Tensor],
                     otherwise: tf.Tensor) -> tf.Tensor:
   """`otherwise` when `known` is True; else `compute`'s result, run only then.
 
-  For work worth skipping on most steps: eagerly `compute` is called only
-  when needed; in a graph (a TF1 graph or a `tf.function`) its ops are gated
-  by a pivot tensor as in `one_side_runs`, so that the executor never runs
-  them when `known` is True, and a Merge passes on whichever value exists.
-  Unlike `tf.cond`, the tensors `compute` reads need no Switch each, and
-  ops outside it never wait for `known`.
+  Eagerly `compute` is called only when needed; in a graph its ops are gated
+  by a pivot as in `one_side_runs`, and ops outside it never wait for
+  `known`.
 
   Args:
     known: A bool scalar tensor.
     compute: Returns a tensor of `otherwise`'s dtype and shape; called in
-      this thread, so that its ops get the gate (replica threads would not
-      inherit it). It must create no stateful op (in a `tf.function`, every
-      stateful op must run).
+      this thread (replica threads would not inherit the gate). It must
+      create no stateful op (in a `tf.function` every stateful op runs).
     otherwise: The result when `known` is True.
-
-  Returns:
-    A tensor: `otherwise` or what `compute` returned.
 
   Raises:
     ValueError: In a computation XLA compiles, which has no such gating.

@@ -1,9 +1,8 @@
 """TF 2.0-2.3's `enable_mixed_precision_graph_rewrite`, wrapping with ours.
 
-The rewrite is TensorFlow's (the grappler pass `auto_mixed_precision`). It is
-switched by TensorFlow's public `tf.compat.v1.mixed_precision` functions, the
-one public switch of both places it is read from (the grappler options, and
-the flag Sessions made with a config read), with their checks and warnings.
+The rewrite is TensorFlow's grappler pass `auto_mixed_precision`, switched
+by TensorFlow's public `tf.compat.v1.mixed_precision` functions (the one
+switch of both places it is read from), with their checks and warnings.
 """
 
 import logging

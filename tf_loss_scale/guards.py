@@ -1,17 +1,12 @@
 """What the loss scale optimizers refuse to wrap, and where they refuse to run.
 
-One policy for every front end:
-`tf_loss_scale.MixedPrecisionLossScaleOptimizer`,
-`tf_loss_scale.keras.LossScaleOptimizer` (and TF 2.4-2.15's form, its
-subclass, in tf_keras's words), and
-`tf_loss_scale.keras.experimental.LossScaleOptimizer` around Keras 3 and
-around tf_keras optimizers. Each calls `check_new_wrapper` in
-its constructor and `check_step` when a step starts, before anything of
-the step is built, so a refused call changes nothing. Each form wraps its
-own family; no loss scale optimizer is wrapped, nor an optimizer a live one
-of ours holds (marked by a weak reference); strategies are refused as
-docs/distribution.md says.
-Messages start with the peer's wording where it has one, then say what to do.
+One policy for every front end (`Form`): each calls `check_new_wrapper` in
+its constructor and `check_step` when a step starts, before anything of the
+step is built, so a refused call changes nothing. Each form wraps its own
+family; no loss scale optimizer is wrapped, nor an optimizer a live one of
+ours holds (marked by a weak reference); strategies are refused as
+docs/distribution.md says. Messages start with the peer's wording where it
+has one, then say what to do.
 """
 
 import sys
@@ -20,18 +15,14 @@ from typing import Any, Callable, List, NamedTuple, Sequence
 
 import tensorflow as tf
 
+# Loads no Keras: it looks at the Keras packages already imported.
+from tf_loss_scale.keras import families
+
 
 class Form(NamedTuple):
-  """A front end, as the guards name it and check what it wraps.
-
-  Attributes:
-    name: The public class, as users spell it.
-    argument: The constructor argument that takes the optimizer.
-    accepts: Tells whether an optimizer is of the family the form wraps.
-    accepted: What the form wraps, for messages.
-    needed: What a message for another object says the argument must be,
-      in the words of the form's peer.
-  """
+  """A front end: its public class `name`, the constructor `argument` that
+  takes the optimizer, whether it `accepts` one, what it wraps (`accepted`)
+  and what its peer's message says the argument must be (`needed`)."""
   name: str
   argument: str
   accepts: Callable[[Any], bool]
@@ -47,33 +38,22 @@ class WrapsAWrapperError(TypeError, ValueError):
   """
 
 
-def _is_v1_optimizer(optimizer: Any) -> bool:
-  return isinstance(optimizer, tf.compat.v1.train.Optimizer)
-
-
-def _is_keras3_optimizer(optimizer: Any) -> bool:
-  return isinstance(optimizer, _keras_optimizer_types(keras3=True))
-
-
-def _is_keras_optimizer(optimizer: Any) -> bool:
-  return isinstance(optimizer, _keras_optimizer_types(keras3=False))
-
-
 V1_FORM = Form(
-    'tf_loss_scale.MixedPrecisionLossScaleOptimizer', 'opt', _is_v1_optimizer,
+    'tf_loss_scale.MixedPrecisionLossScaleOptimizer', 'opt',
+    lambda opt: isinstance(opt, tf.compat.v1.train.Optimizer),
     'a tf.compat.v1.train.Optimizer', 'an instance of Optimizer')
 # Keras 3's class checks nothing: its form's message takes the others' shape.
 KERAS_FORM = Form(
     'tf_loss_scale.keras.LossScaleOptimizer', 'inner_optimizer',
-    _is_keras3_optimizer, 'a Keras 3 optimizer (keras.optimizers.*)',
-    'a Keras 3 optimizer')
+    lambda opt: isinstance(opt, _keras_optimizer_types(keras3=True)),
+    'a Keras 3 optimizer (keras.optimizers.*)', 'a Keras 3 optimizer')
 MIXED_PRECISION_FORM = KERAS_FORM._replace(
     name='tf_loss_scale.keras.mixed_precision.LossScaleOptimizer',
     needed='an instance of `tf.keras.optimizers.Optimizer` or '
     '`tf.keras.optimizers.experimental.Optimizer`')
 EXPERIMENTAL_FORM = Form(
     'tf_loss_scale.keras.experimental.LossScaleOptimizer', 'optimizer',
-    _is_keras_optimizer,
+    lambda opt: isinstance(opt, _keras_optimizer_types(keras3=False)),
     'a Keras 3 optimizer (keras.optimizers.*) or a Keras 2 optimizer '
     '(tf.keras.optimizers.* on TensorFlow 2.12-2.15, tf_keras.optimizers.*, '
     'and their optimizers.legacy.*: the OptimizerV2 that TF 2.3 wrapped)',
@@ -84,14 +64,14 @@ _HOLDER = '_tf_loss_scale_wrapper'
 
 # Where to go with an optimizer of each family, most specific first.
 _FORM_FOR_FAMILY = (
-    (_is_v1_optimizer, f'For a tf.compat.v1.train.Optimizer use '
-                       f'{V1_FORM.name}(opt, loss_scale).'),
-    (_is_keras3_optimizer, f'For a Keras 3 optimizer use {KERAS_FORM.name}('
-                           'inner_optimizer), or TF 2.3\'s API: '
-                           f'{EXPERIMENTAL_FORM.name}(optimizer, '
-                           'loss_scale).'),
-    (_is_keras_optimizer, f'For a Keras 2 optimizer use '
-                          f'{EXPERIMENTAL_FORM.name}(optimizer, loss_scale).'),
+    (V1_FORM.accepts, f'For a tf.compat.v1.train.Optimizer use '
+                      f'{V1_FORM.name}(opt, loss_scale).'),
+    (KERAS_FORM.accepts, f'For a Keras 3 optimizer use {KERAS_FORM.name}('
+                         'inner_optimizer), or TF 2.3\'s API: '
+                         f'{EXPERIMENTAL_FORM.name}(optimizer, loss_scale).'),
+    (EXPERIMENTAL_FORM.accepts, f'For a Keras 2 optimizer use '
+                                f'{EXPERIMENTAL_FORM.name}(optimizer, '
+                                'loss_scale).'),
 )
 
 
@@ -99,28 +79,21 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
                       loss_scale: Any = None, exclusive: bool = True) -> None:
   """Refuses what no front end may wrap, and a strategy it cannot run under.
 
-  Call it first in a constructor. If nothing is refused, marks `optimizer`
-  as held by `wrapper`.
+  Call it first in the constructor of `wrapper`, of front end `form`, about
+  to wrap `optimizer`. If nothing is refused, marks `optimizer` as held.
 
   Args:
-    optimizer: The optimizer about to be wrapped.
-    form: The front end being constructed.
-    wrapper: The wrapper being constructed.
-    loss_scale: The loss scale the wrapper will drive, if it exists already;
-      anything else (an identifier, None) is ignored.
+    loss_scale: The loss scale the wrapper will drive, if it exists already
+      (an identifier or None is ignored).
     exclusive: Whether to refuse an optimizer that a live wrapper of ours
       holds (Keras 3's class lets two wrappers hold one).
 
   Raises:
-    WrapsAWrapperError: If `optimizer` is a loss scale optimizer (both a
-      TypeError and a ValueError).
-    TypeError: If a Keras form is given an optimizer of another family.
-    ValueError: If the v1 form is given an optimizer of another family; if
-      a live optimizer of ours holds `optimizer`;
-      under a strategy the library refuses; or for state created outside
-      the current strategy's scope.
+    WrapsAWrapperError: If `optimizer` is a loss scale optimizer.
+    TypeError, ValueError: As `check_family` and `check_step`; ValueError
+      if a live optimizer of ours holds `optimizer`.
   """
-  if isinstance(optimizer, _loss_scale_optimizer_types()):
+  if is_loss_scale_optimizer(optimizer):
     raise WrapsAWrapperError(
         'LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: '
         f'{optimizer}. It is already a loss scale optimizer: use it as it is, '
@@ -138,12 +111,8 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
 
 
 def release(optimizer: Any) -> None:
-  """Forgets which wrapper of ours holds `optimizer`, if one does.
-
-  For a wrapper that takes `optimizer` over from one Keras's `compile`
-  made: Keras 3 lets every `compile` wrap the optimizer anew, whatever
-  wrapped it before.
-  """
+  """Forgets which wrapper of ours holds `optimizer`, if one does: Keras 3
+  lets every `compile` wrap the optimizer anew, whatever wrapped it before."""
   vars(optimizer).pop(_HOLDER, None)
 
 
@@ -176,8 +145,8 @@ def check_step(where: str, state: Sequence[Any]) -> None:
 
   Args:
     where: The call being checked, named in the messages.
-    state: Loss scales, optimizers and variables the step uses; their
-      variables that exist so far are checked. Anything else is ignored.
+    state: Loss scales, optimizers and variables the step uses (anything
+      else is ignored); their variables that exist so far are checked.
 
   Raises:
     ValueError: Under CentralStorageStrategy, ParameterServerStrategy or
@@ -205,9 +174,7 @@ def check_step(where: str, state: Sequence[Any]) -> None:
         'so the replicas cannot skip a step together; MirroredStrategy, '
         'MultiWorkerMirroredStrategy, OneDeviceStrategy and no strategy '
         'work).')
-  variables = [_tf_variable(v) for owner in state
-               for v in _variables_of(owner)]
-  outside = [v.name for v in variables
+  outside = [v.name for owner in state for v in _tf_variables_of(owner)
              if not strategy.extended.variable_created_in_scope(v)]
   if outside:
     raise ValueError(
@@ -217,15 +184,6 @@ def check_step(where: str, state: Sequence[Any]) -> None:
         '`with strategy.scope():`, and do not use them before that.')
 
 
-def _keras_namespaces() -> list:
-  """The API namespaces of the Keras packages already imported (none else
-  can have made an optimizer); `tf.keras` too, Keras 2's API on TF <= 2.15."""
-  namespaces = [sys.modules.get('keras'), sys.modules.get('tf_keras')]
-  if any(namespaces):
-    namespaces.append(tf.keras)
-  return [n for n in namespaces if n is not None]
-
-
 def _loss_scale_optimizer_types() -> tuple:
   ours = sys.modules.get('tf_loss_scale.optimizer_v1')
   candidates = [
@@ -233,7 +191,7 @@ def _loss_scale_optimizer_types() -> tuple:
               'MixedPrecisionLossScaleOptimizer', None),
       getattr(ours, 'MixedPrecisionLossScaleOptimizer', None),
   ] + [getattr(getattr(keras, namespace, None), 'LossScaleOptimizer', None)
-       for keras in _keras_namespaces()
+       for keras in families.loaded_namespaces()
        # Keras 3's own class is under `optimizers` too, which install()
        # leaves alone when it maps `mixed_precision`'s name to TF 2.4's.
        for namespace in ('mixed_precision', 'optimizers')]
@@ -241,61 +199,42 @@ def _loss_scale_optimizer_types() -> tuple:
 
 
 def _keras_optimizer_types(keras3: bool) -> tuple:
-  """Optimizer base classes of the Keras packages already imported.
-
-  Only Keras 3's (told by `stateless_apply`) when `keras3`.
-  """
+  """Optimizer base classes of the Keras packages already imported (none
+  else can have made an optimizer); only Keras 3's when `keras3`."""
   found = []
-  for keras in _keras_namespaces():
-    optimizers = getattr(keras, 'optimizers', None)
-    base = getattr(optimizers, 'Optimizer', None)
-    if not isinstance(base, type):
-      continue
-    if hasattr(base, 'stateless_apply'):
-      found.append(base)
+  for keras in families.loaded_namespaces():
+    if families.is_keras3(keras):
+      found.append(keras.optimizers.Optimizer)
     elif not keras3:
-      found.append(base)
-      found.append(getattr(getattr(optimizers, 'legacy', None), 'Optimizer',
-                           None))
-  return tuple(t for t in found if isinstance(t, type))
+      found += [keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer]
+  return tuple(found)
 
 
 def _strategy_types(*names: str) -> tuple:
   # Looked up by public name, so a TensorFlow without one of them has
   # nothing to refuse.
-  found = []
-  for namespace in (tf.distribute, tf.distribute.experimental,
-                    tf.compat.v1.distribute.experimental):
-    for name in names:
-      strategy_type = getattr(namespace, name, None)
-      if isinstance(strategy_type, type):
-        found.append(strategy_type)
-  return tuple(found)
+  found = [getattr(namespace, name, None) for name in names
+           for namespace in (tf.distribute, tf.distribute.experimental,
+                             tf.compat.v1.distribute.experimental)]
+  return tuple(t for t in found if isinstance(t, type))
 
 
-def _variables_of(owner: Any) -> List[Any]:
+def _tf_variables_of(owner: Any) -> List[tf.Variable]:
   """A variable itself, or the variables of a loss scale or an optimizer."""
-  if _is_variable(owner):
-    return [owner]
-  variables = getattr(owner, 'variables', None)
-  if variables is None or isinstance(owner, (str, bytes, dict)):
-    return []
-  # tf.compat.v1 and tf_keras legacy optimizers have a method, the others a
-  # property.
-  return list(variables() if callable(variables) else variables)
-
-
-def _is_variable(value: Any) -> bool:
   keras_variable = getattr(sys.modules.get('keras'), 'Variable', None)
-  return isinstance(value, tf.Variable) or (
-      isinstance(keras_variable, type) and isinstance(value, keras_variable))
-
-
-def _tf_variable(variable: Any) -> Any:
+  if isinstance(owner, tf.Variable) or (
+      isinstance(keras_variable, type) and isinstance(owner, keras_variable)):
+    variables = [owner]
+  elif getattr(owner, 'variables', None) is None or isinstance(
+      owner, (str, bytes, dict)):
+    return []
+  else:
+    # tf.compat.v1 and tf_keras legacy optimizers have a method, the others
+    # a property.
+    variables = owner.variables
+    variables = variables() if callable(variables) else variables
   # A Keras 3 variable holds its tf.Variable as `value`.
-  if isinstance(variable, tf.Variable):
-    return variable
-  return variable.value
+  return [v if isinstance(v, tf.Variable) else v.value for v in variables]
 
 
 def is_loss_scale_optimizer(optimizer: Any) -> bool:

@@ -43,13 +43,11 @@ class LossScaleState:
   Attributes:
     owner: Where the state sits in the checkpoint (a name scope, an object
       path, or a Keras optimizer's name); '' for the top level.
-    scale: The current loss scale.
-    good_steps: Finite steps since the scale last changed.
+    scale, good_steps: The current loss scale and good-step count.
     layout: Which variable names held them (a value of `LAYOUTS`).
-    variables: The checkpoint keys of the scale and the good-step count,
-      then of any option counters.
-    counters: `(name, value)` of each option counter found (see
-      `OPTION_COUNTERS`).
+    variables: The checkpoint keys of the scale, the good-step count and
+      any option counters.
+    counters: `(name, value)` of each of `OPTION_COUNTERS` found.
   """
   owner: str
   scale: float
@@ -61,27 +59,19 @@ class LossScaleState:
 
 @dataclasses.dataclass(frozen=True)
 class Inspection:
-  """What `inspect` found.
-
-  Attributes:
-    path: The file that was read.
-    kind: The kind of checkpoint.
-    states: Every loss scale state found, possibly none.
-  """
+  """What `inspect` found: the file read (`path`), the kind of checkpoint
+  (`kind`) and every loss scale state found (`states`, possibly none)."""
   path: str
   kind: str
   states: List[LossScaleState]
 
 
 def inspect(path: str) -> Inspection:
-  """Reads the loss scale state out of a checkpoint.
+  """Reads the loss scale state out of a checkpoint into an `Inspection`.
 
   Args:
     path: A `.keras` file, a checkpoint prefix (such as `ckpt-1`), or a
       directory holding a `checkpoint` file that names the latest one.
-
-  Returns:
-    An `Inspection`.
 
   Raises:
     CheckpointError: If nothing readable is at `path`.
@@ -98,8 +88,7 @@ def inspect(path: str) -> Inspection:
     values = {key: reader.get_tensor(key)
               for key in reader.get_variable_to_shape_map()}
   except (tf.errors.OpError, ValueError, OSError) as error:
-    raise CheckpointError(
-        f'cannot read checkpoint {path}: {_first_line(error)}') from error
+    raise _error(f'cannot read checkpoint {path}', error) from error
   if _OBJECT_GRAPH_KEY in values:
     kind = 'object-based checkpoint (tf.train.Checkpoint)'
     names = {key[:-len(_VALUE_SUFFIX)]: value for key, value in values.items()
@@ -119,22 +108,18 @@ def format_inspection(inspection: Inspection) -> str:
                  'file save none)')
   for state in inspection.states:
     lines.append(f'  {state.owner or "(top level)"}:')
-    lines.append(f'    current loss scale: {state.scale:g}')
-    lines.append(f'    good steps:         {state.good_steps}')
-    lines.append(f'    layout:             {state.layout}')
-    lines.append(f'    variables:          {", ".join(state.variables)}')
-    for name, value in state.counters:
-      lines.append(f'    {name.replace("_", " ") + ":":<20}{value}')
+    for label, value in [
+        ('current loss scale', f'{state.scale:g}'),
+        ('good steps', state.good_steps), ('layout', state.layout),
+        ('variables', ', '.join(state.variables)), *state.counters]:
+      lines.append(f'    {label.replace("_", " ") + ":":<20}{value}')
   return '\n'.join(lines)
 
 
 def _states_by_name(values: Dict[str, object]) -> List[LossScaleState]:
-  """Pairs scale and good-steps values that share a parent path and suffix.
-
-  The suffix numbers a TF1 graph's second loss scale (`good_steps_1`).
-  Option counters sit under the scale's key (Saver) or next to it (object
-  based).
-  """
+  """Pairs scale and good-steps values that share a parent path and suffix
+  (`good_steps_1`: a TF1 graph's second loss scale). Option counters sit
+  under the scale's key (Saver) or next to it (object based)."""
   states = []
   for key in sorted(values):
     parent, _, leaf = key.rpartition('/')
@@ -172,8 +157,7 @@ def _inspect_keras_file(path: str) -> Inspection:
       weights = archive.read('model.weights.h5')
       metadata = json.loads(archive.read('metadata.json'))
   except (OSError, zipfile.BadZipFile, KeyError, ValueError) as error:
-    raise CheckpointError(
-        f'cannot read Keras file {path}: {_first_line(error)}') from error
+    raise _error(f'cannot read Keras file {path}', error) from error
   # The Keras family that wrote it, from the version it recorded.
   family = str(metadata.get('keras_version', '3')).split('.')[0]
   kind = f'Keras {family} .keras file'
@@ -195,45 +179,35 @@ def _inspect_keras_file(path: str) -> Inspection:
 
 def _optimizer_variable_names(path: str, optimizer_config: dict,
                               family: str) -> List[str]:
-  """Names of an optimizer's own variables, in the order Keras saves them.
-
-  Keras stores them by position only; a wrapper's own come first, so
-  building the optimizer with no model variables names the leading ones.
-  """
+  """Names of an optimizer's own variables, in the order Keras saves them
+  (by position only): built with no model variables, it names the leading
+  ones, a wrapper's own first."""
   keras_module = _keras_of_family(path, family)
   try:
     optimizer = keras_module.optimizers.deserialize(optimizer_config)
     optimizer.build([])
     variables = optimizer.variables
   except (AttributeError, TypeError, ValueError) as error:
-    raise CheckpointError(
-        f'cannot rebuild the optimizer of Keras file {path}: '
-        f'{_first_line(error)}') from error
+    raise _error(f'cannot rebuild the optimizer of Keras file {path}',
+                 error) from error
   return [_leaf_name(variable) for variable in variables]
 
 
 def _keras_of_family(path: str, family: str) -> Any:
   """The installed Keras of a family ('2' or '3'), its file classes known."""
-  # Importing the library's Keras modules registers their classes for
-  # deserialization.
+  # Importing the library's Keras modules registers their file classes.
   for module in ('loss_scale_optimizer', 'experimental'):
     try:
       importlib.import_module(f'tf_loss_scale.keras.{module}')
     except (AttributeError, ImportError):
       pass  # Not a Keras this form runs on: its classes cannot be in use.
-  if family == '2':
-    # Keras 3 as tf.keras has a version; TF 2.15's Keras 2 API module not.
-    if not getattr(tf.keras, '__version__', '2.').startswith('3.'):
-      return tf.keras
-    try:
-      import tf_keras  # pylint: disable=g-import-not-at-top
-    except ImportError as error:
-      raise CheckpointError(
-          f'cannot rebuild the optimizer of Keras 2 file {path}: Keras 2 is '
-          'not installed (pip install tf_keras)') from error
-    return tf_keras
-  import keras  # pylint: disable=g-import-not-at-top
-  return keras
+  from tf_loss_scale.keras import families  # pylint: disable=g-import-not-at-top
+  try:
+    return families.namespace_for(
+        families.KERAS2 if family == '2' else families.KERAS3)
+  except ImportError as error:
+    raise _error(f'cannot rebuild the optimizer of Keras {family} file {path}',
+                 error) from error
 
 
 def _read_optimizer_values(path: str, weights: bytes) -> List[object]:
@@ -245,8 +219,7 @@ def _read_optimizer_values(path: str, weights: bytes) -> List[object]:
         return []
       return [group[str(i)][()] for i in range(len(group))]
   except (OSError, KeyError, ValueError) as error:
-    raise CheckpointError(
-        f'cannot read Keras file {path}: {_first_line(error)}') from error
+    raise _error(f'cannot read Keras file {path}', error) from error
 
 
 def _leaf_name(variable: object) -> str:
@@ -254,6 +227,7 @@ def _leaf_name(variable: object) -> str:
   return name.split(':')[0].rpartition('/')[2]
 
 
-def _first_line(error: BaseException) -> str:
+def _error(what: str, error: BaseException) -> CheckpointError:
+  """`what` failed, with the first line of `error`."""
   text = str(error).strip() or type(error).__name__
-  return text.splitlines()[0]
+  return CheckpointError(f'{what}: {text.splitlines()[0]}')

@@ -1,10 +1,8 @@
 """Package attributes imported on first use (PEP 562 module `__getattr__`).
 
-The Keras front ends, monitoring and `compat` need Keras; the core does not.
-Importing a package must not load Keras (or `tf_keras`) before the code that
-uses it runs, and yet `package.name` must work after a plain
-`import package`. A package lists those names once, here, and gets the
-module-level `__getattr__` and `__dir__` that import each on first access.
+Importing a package must not load Keras (or `tf_keras`, or TensorFlow) before
+the code that uses it runs, yet `package.name` must work after a plain
+`import package`.
 """
 
 import importlib
@@ -19,14 +17,10 @@ def attributes(
 
   Args:
     package: The package's `__name__`.
-    names: Public name -> `(module, attribute)`: the module to import (its
-      absolute name) and the attribute of it to return, or None to return
-      the module itself.
-    package_globals: The package's `globals()`; each value is stored there
+    names: Public name -> `(module, attribute)`: the absolute module name and
+      its attribute to return, or None for the module itself.
+    package_globals: The package's `globals()`, where each value is stored
       once imported, so that later accesses skip `__getattr__`.
-
-  Returns:
-    `(__getattr__, __dir__)` for the package to bind at module level.
   """
 
   def __getattr__(name: str) -> Any:  # pylint: disable=invalid-name

@@ -72,28 +72,23 @@ class DynamicState(NamedTuple):
   skips_at_floor: Any = 0
 
 
-def advance_dynamic_state(state: DynamicState,
-                          grads_finite: Union[bool, tf.Tensor],
-                          *,
-                          increment_period: int,
-                          multiplier: float,
-                          min_loss_scale: float = 1.0,
-                          max_loss_scale: Optional[float] = None,
-                          hysteresis: int = 1) -> DynamicState:
+def advance_dynamic_state(
+    state: DynamicState, grads_finite: Union[bool, tf.Tensor], *,
+    increment_period: int, multiplier: float, min_loss_scale: float = 1.0,
+    max_loss_scale: Optional[float] = None, hysteresis: int = 1
+) -> DynamicState:
   """Computes a dynamic loss scale's state after one step (the rule).
 
-  A pure function: it assigns nothing.
+  A pure function: it assigns nothing. The options are `DynamicLossScale`'s.
 
   Args:
     state: The state before the step.
     grads_finite: Whether this step's gradients were all finite, a bool
       scalar, the same on every replica.
-    increment_period, multiplier, min_loss_scale, max_loss_scale, hysteresis:
-      As for `DynamicLossScale`.
 
   Returns:
-    The state after the step, with `scale` and `good_steps` in the dtypes of
-    `state.scale` and `state.good_steps`, and int64 counters.
+    The state after the step: `scale` and `good_steps` in `state`'s dtypes,
+    int64 counters.
   """
   scale = tf.convert_to_tensor(state.scale)
   good_steps = tf.convert_to_tensor(state.good_steps)
@@ -133,18 +128,11 @@ def next_dynamic_state(scale: tf.Tensor, good_steps: tf.Tensor,
   """Computes the scale and good-step count after one step.
 
   `advance_dynamic_state` for front ends that store only these two values
-  (no hysteresis, no collapse detection). With the defaults this is
-  TensorFlow's rule: the floor is 1 and growth never reaches inf.
-
-  Args:
-    scale: The current loss scale, a float32 scalar.
-    good_steps: Finite steps since the last change of scale, an integer
-      scalar.
-    grads_finite, increment_period, multiplier, min_loss_scale,
-      max_loss_scale: As for `advance_dynamic_state`.
+  (no hysteresis, no collapse detection); with the defaults, TensorFlow's
+  rule. The arguments are as there; the results have the inputs' dtypes.
 
   Returns:
-    `(new_scale, new_good_steps)`, tensors of the same dtypes as the inputs.
+    `(new_scale, new_good_steps)`.
   """
   new_state = advance_dynamic_state(
       DynamicState(scale, good_steps), grads_finite,
@@ -161,29 +149,19 @@ class LossScale(tf.Module, metaclass=abc.ABCMeta):
   whether to apply them. Use `FixedLossScale`, `DynamicLossScale`, or `get()`
   to make one. Loss scales are trackable: the state of a dynamic one is saved
   and restored by `tf.train.Checkpoint` and `tf.compat.v1.train.Saver`.
-
-  A subclass may make its state with `_add_weight`, as subclasses of
-  TensorFlow's `LossScale` did: its variables are in `variables`, saved
-  under their names, and listed in `_weights`.
+  A subclass may make its state with `_add_weight`, as TensorFlow's did.
   """
 
   def __init__(self, name: Optional[str] = None):
     super().__init__(name=name)
-    # Held past tf.Module's attribute tracking: each weight is a dependency
-    # under its own name, as in TensorFlow's checkpoints of subclasses.
+    # Past tf.Module's tracking: each weight is a dependency of its own name.
     object.__setattr__(self, '_weights', {})
 
   def _add_weight(self, name: str, initial_value: Any,
                   dtype: Optional[tf.DType] = None) -> tf.Variable:
-    """Creates a non-trainable state variable, saved under `name`.
+    """Creates a non-trainable state variable, saved and named `name`.
 
-    Args:
-      name: The variable's name and its checkpoint dependency's.
-      initial_value: Its first value.
-      dtype: Its dtype; by default `initial_value`'s.
-
-    Returns:
-      The variable, also kept in `_weights` under `(name, graph key)`.
+    It is in `variables`, and in `_weights` under `(name, graph key)`.
 
     Raises:
       RuntimeError: If this loss scale has a weight `name` in this graph.
@@ -207,23 +185,21 @@ class LossScale(tf.Module, metaclass=abc.ABCMeta):
   def update(self, grads: Any) -> UpdateResult:
     """Advances the loss scale by one step.
 
-    Under a `tf.distribute` strategy, call this in the cross-replica context
-    (for example from `merge_call`); the gradients of every replica are then
-    taken into account.
+    Under a `tf.distribute` strategy, call it in the cross-replica context
+    (e.g. from `merge_call`), where every replica's gradients count.
 
     Args:
-      grads: The step's gradients, already divided by the loss scale: one
-        tensor or any nested structure. `None` entries are ignored and
-        `tf.IndexedSlices` are read through their values.
+      grads: The step's unscaled gradients, any nested structure; `None`
+        entries are ignored, `tf.IndexedSlices` read through their values.
 
     Returns:
-      `(update_op, should_apply_gradients)`. Eagerly the update has already
-      happened and `update_op` is None. In graph mode (a `tf.compat.v1`
-      graph or a `tf.function`) `update_op` performs the update when run: an
-      op, or a tensor (which `tf.identity` and `session.run` accept), or None
-      for scales with nothing to update. `should_apply_gradients` is a bool
-      scalar tensor, or the Python `True` for scales that never skip a step;
-      when it is False the caller must not apply this step's gradients.
+      `(update_op, should_apply_gradients)`. Eagerly the update has happened
+      and `update_op` is None. In graph mode (a `tf.compat.v1` graph or a
+      `tf.function`) `update_op` performs the update when run: an op, a
+      tensor (which `tf.identity` and `session.run` accept), or None for
+      scales with nothing to update. `should_apply_gradients` is a bool
+      scalar tensor, or `True` for scales that never skip a step; when it is
+      False the caller must not apply this step's gradients.
     """
 
   @abc.abstractmethod
@@ -239,22 +215,16 @@ class LossScale(tf.Module, metaclass=abc.ABCMeta):
 class FixedLossScale(LossScale):
   """A loss scale that never changes and never skips a step.
 
-  Example:
-
   >>> scale = FixedLossScale(128)
   >>> float(scale())
   128.0
   """
 
   def __init__(self, loss_scale_value: float):
-    """Creates a fixed loss scale.
-
-    Args:
-      loss_scale_value: The scale, a finite Python or NumPy number of at
-        least 1.
+    """Creates a fixed loss scale of `loss_scale_value`.
 
     Raises:
-      TypeError: If `loss_scale_value` is not a real number.
+      TypeError: If `loss_scale_value` is not a Python or NumPy real number.
       ValueError: If `loss_scale_value` is below 1, NaN or infinite.
     """
     super().__init__(name='fixed_loss_scale')
@@ -285,12 +255,9 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
   """A loss scale that shrinks on overflow and grows while gradients are finite.
 
   The module docstring holds the rule; docs/loss_scale_options.md the
-  options. The state lives in non-trainable variables: `current_loss_scale`
-  and `good_steps`, as in TensorFlow's class (checkpoints interchange), plus
-  `non_finite_streak` for `hysteresis` and `skips_at_floor` for
-  `on_collapse` when those options are on.
-
-  Example:
+  options. The state is TensorFlow's (checkpoints interchange):
+  `current_loss_scale` and `good_steps`, plus `non_finite_streak` and
+  `skips_at_floor` when `hysteresis` and `on_collapse` need them.
 
   >>> scale = DynamicLossScale(initial_loss_scale=1, increment_period=2)
   >>> for _ in range(3):
@@ -305,16 +272,11 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
   ...                          on_collapse='raise', collapse_patience=100)
   """
 
-  def __init__(self,
-               initial_loss_scale: float = 2**15,
-               increment_period: int = 2000,
-               multiplier: float = 2.0,
-               *,
+  def __init__(self, initial_loss_scale: float = 2**15,
+               increment_period: int = 2000, multiplier: float = 2.0, *,
                min_loss_scale: float = 1.0,
-               max_loss_scale: Optional[float] = None,
-               hysteresis: int = 1,
-               on_collapse: str = 'skip',
-               collapse_patience: int = 1):
+               max_loss_scale: Optional[float] = None, hysteresis: int = 1,
+               on_collapse: str = 'skip', collapse_patience: int = 1):
     """Creates a dynamic loss scale; under a strategy, inside its scope.
 
     Args:
@@ -346,45 +308,37 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
     if not math.isfinite(factor) or factor <= 1:
       raise ValueError(
           f'multiplier must be a finite number above 1, but got {multiplier!r}.')
-    floor, _ = check_scale_arguments(min_loss_scale,
-                                     names=('min_loss_scale',))
+    floor, _ = check_scale_arguments(min_loss_scale, names=('min_loss_scale',))
     cap = None
     if max_loss_scale is not None:
-      cap, _ = check_scale_arguments(max_loss_scale,
-                                     names=('max_loss_scale',))
+      cap, _ = check_scale_arguments(max_loss_scale, names=('max_loss_scale',))
       if cap < initial or cap < floor:
         raise ValueError(
             f'max_loss_scale must be at least initial_loss_scale ({initial}) '
             f'and min_loss_scale ({floor}), but got {max_loss_scale!r}.')
     streak_length = _count('hysteresis', hysteresis)
-    if not isinstance(on_collapse, str):
-      raise TypeError(
-          f'on_collapse must be one of {ON_COLLAPSE_CHOICES}, but got '
-          f'{on_collapse!r} of type {type(on_collapse).__name__}.')
     if on_collapse not in ON_COLLAPSE_CHOICES:
-      raise ValueError(
+      is_str = isinstance(on_collapse, str)
+      raise (ValueError if is_str else TypeError)(
           f'on_collapse must be one of {ON_COLLAPSE_CHOICES}, but got '
-          f'{on_collapse!r}.')
+          f'{on_collapse!r}' +
+          ('.' if is_str else f' of type {type(on_collapse).__name__}.'))
     patience = _count('collapse_patience', collapse_patience)
     if on_collapse == 'skip' and patience != 1:
       raise ValueError(
           f'collapse_patience={collapse_patience!r} has no effect with '
           "on_collapse='skip': pass on_collapse='warn' or 'raise' too.")
-    self._initial_loss_scale = initial
-    self._increment_period = period
-    self._multiplier = factor
-    self._min_loss_scale = floor
-    self._max_loss_scale = cap
-    self._hysteresis = streak_length
-    self._on_collapse = on_collapse
-    self._collapse_patience = patience
+    (self._initial_loss_scale, self._increment_period, self._multiplier,
+     self._min_loss_scale, self._max_loss_scale, self._hysteresis,
+     self._on_collapse, self._collapse_patience) = (
+         initial, period, factor, floor, cap, streak_length, on_collapse,
+         patience)
     self.current_loss_scale = _state_variable('current_loss_scale', initial,
                                               tf.float32)
     self.good_steps = _state_variable('good_steps', 0, tf.int64)
-    # The options' state is created only when an option needs it, so that the
-    # defaults keep TensorFlow's two variables. Its variables sit under the
-    # scale variable's name, as slots do, so that a Saver checkpoint with
-    # several loss scales says which scale each belongs to.
+    # The options' state exists only when an option needs it (the defaults
+    # keep TensorFlow's two variables), named under the scale variable as
+    # slots are, so a Saver checkpoint says which scale each belongs to.
     with tf.name_scope(self.current_loss_scale.name.split(':')[0] + '/'):
       self.non_finite_streak = (
           _state_variable('non_finite_streak', 0, tf.int64)
@@ -392,50 +346,29 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
       self.skips_at_floor = (
           _state_variable('skips_at_floor', 0, tf.int64)
           if on_collapse != 'skip' else None)
-    # Held by a plain object so that it is neither a checkpoint dependency nor
-    # in `variables`: checkpoints keep TensorFlow's layout and interchange.
+    # A plain object: no checkpoint dependency, not in `variables`.
     self._step_record = step_record.StepRecord()
     self._step_record.create()
 
-  @property
-  def initial_loss_scale(self) -> float:
-    """The scale the loss scale started at, a Python float."""
-    return self._initial_loss_scale
-
-  @property
-  def increment_period(self) -> int:
-    """Finite steps in a row after which the scale grows, a Python int."""
-    return self._increment_period
-
-  @property
-  def multiplier(self) -> float:
-    """The growth and shrink factor, a Python float."""
-    return self._multiplier
-
-  @property
-  def min_loss_scale(self) -> float:
-    """The floor of the scale, a Python float."""
-    return self._min_loss_scale
-
-  @property
-  def max_loss_scale(self) -> Optional[float]:
-    """The cap on the scale, a Python float, or None."""
-    return self._max_loss_scale
-
-  @property
-  def hysteresis(self) -> int:
-    """Non-finite steps in a row before the scale shrinks, a Python int."""
-    return self._hysteresis
-
-  @property
-  def on_collapse(self) -> str:
-    """`'skip'`, `'warn'` or `'raise'`: what a collapse does."""
-    return self._on_collapse
-
-  @property
-  def collapse_patience(self) -> int:
-    """Steps in a row skipped at the floor that make a collapse."""
-    return self._collapse_patience
+  initial_loss_scale = property(lambda self: self._initial_loss_scale,
+                                doc='The first scale, a Python float.')
+  increment_period = property(
+      lambda self: self._increment_period,
+      doc='Finite steps in a row after which it grows, a Python int.')
+  multiplier = property(lambda self: self._multiplier,
+                        doc='The growth and shrink factor, a Python float.')
+  min_loss_scale = property(lambda self: self._min_loss_scale,
+                            doc='The floor of the scale, a Python float.')
+  max_loss_scale = property(lambda self: self._max_loss_scale,
+                            doc='The cap on the scale, a Python float or None.')
+  hysteresis = property(
+      lambda self: self._hysteresis,
+      doc='Non-finite steps in a row before it shrinks, a Python int.')
+  on_collapse = property(lambda self: self._on_collapse,
+                         doc="'skip', 'warn' or 'raise': what a collapse does.")
+  collapse_patience = property(
+      lambda self: self._collapse_patience,
+      doc='Steps in a row skipped at the floor that make a collapse.')
 
   @property
   def skipped_steps(self) -> tf.Tensor:
@@ -449,9 +382,8 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
     return self._step_record.last_step_skipped()
 
   def _saved_model_only_children(self) -> Dict[str, tf.Variable]:
-    # A SavedModel must track every variable its functions capture, the step
-    # record included; checkpoints must not see it, or they would stop
-    # interchanging with TensorFlow's own DynamicLossScale.
+    # A SavedModel tracks what its functions capture; checkpoints keep
+    # TensorFlow's layout (see `private_api.SavedModelOnlyChildren`).
     return self._step_record.variables()
 
   def __call__(self) -> tf.Tensor:
@@ -460,12 +392,8 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
   def update(self, grads: Any) -> UpdateResult:
     """Advances the state machine by one step; see `LossScale.update`.
 
-    Args:
-      grads: The step's unscaled gradients (any nested structure).
-
-    Returns:
-      `(update_op, should_apply_gradients)`; in graph mode `update_op` is a
-      bool tensor, True when the step completed an increment period.
+    In graph mode `update_op` is a bool tensor, True when the step completed
+    an increment period.
 
     Raises:
       RuntimeError: If called inside a replica context of a strategy.
@@ -490,14 +418,12 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
   ) -> Optional[tf.Tensor]:
     """`update` for a verdict already decided, so gradients are read once.
 
-    From a replica context it merges into the cross-replica context.
+    From a replica context it merges into the cross-replica context; it
+    returns `update`'s `update_op`.
 
     Args:
       grads_finite: A bool scalar tensor, the same on every replica.
       after: In a graph, ops or tensors that the assignments must follow.
-
-    Returns:
-      `update`'s `update_op`.
 
     Raises:
       LossScaleCollapseError: Eagerly, on a collapse with
@@ -533,9 +459,8 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
     if tf.executing_eagerly():
       self._react_to_collapse_eagerly(state.skips_at_floor)
       return None
-    # TensorFlow's update op evaluates to this: whether the step was finite
-    # (no streak of non-finite steps) and completed an increment period (the
-    # good-step count went back to 0).
+    # As TensorFlow's update op: whether the step was finite and completed
+    # an increment period.
     completed_period = tf.logical_and(tf.equal(state.non_finite_streak, 0),
                                       tf.equal(state.good_steps, 0))
     with tf.control_dependencies([assigned]):
@@ -554,11 +479,9 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
     ])
 
   def _rule_options(self) -> Dict[str, Any]:
-    return dict(increment_period=self._increment_period,
-                multiplier=self._multiplier,
-                min_loss_scale=self._min_loss_scale,
-                max_loss_scale=self._max_loss_scale,
-                hysteresis=self._hysteresis)
+    return {key: getattr(self, key) for key in (
+        'increment_period', 'multiplier', 'min_loss_scale', 'max_loss_scale',
+        'hysteresis')}
 
   def _collapse_message(self, detail: str = '') -> str:
     return (
@@ -582,7 +505,7 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
     # Python's warning filters do not hide the second one.
     message = self._collapse_message(
         f' ({_steps(int(self.skipped_steps))} skipped in this process)'
-    ) + step_record.note_for(self._step_record.read())
+    ) + self._step_record.describe().numpy().decode()
     if self._on_collapse == 'raise':
       raise LossScaleCollapseError(message)
     if count == self._collapse_patience:
@@ -599,17 +522,11 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
         [self._collapse_message(), self._step_record.describe()])
     patience = self._collapse_patience
     if self._on_collapse == 'raise':
-      def fail() -> tf.Tensor:
-        with tf.control_dependencies([tf.debugging.Assert(
-            skips_at_floor < patience, [message()],
-            name='loss_scale_collapse')]):
-          return tf.constant(False)
-      return [tf.cond(skips_at_floor < patience, lambda: tf.constant(True),
-                      fail)]
-    return [tf.cond(
-        tf.equal(skips_at_floor, patience),
-        lambda: tf.print(message(), output_stream=logging.warning),
-        tf.no_op)]
+      below = skips_at_floor < patience
+      return _run_if_not(below, lambda: tf.debugging.Assert(
+          below, [message()], name='loss_scale_collapse'))
+    return _run_if_not(tf.not_equal(skips_at_floor, patience), lambda: tf.print(
+        message(), output_stream=logging.warning))
 
   def __repr__(self) -> str:
     arguments = ', '.join(
@@ -622,21 +539,12 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
 
   def get_config(self) -> Dict[str, Any]:
     """Returns the constructor arguments, options only when not default."""
-    config = {
-        'initial_loss_scale': self._initial_loss_scale,
-        'increment_period': self._increment_period,
-        'multiplier': self._multiplier,
-    }
-    options = {
-        'min_loss_scale': (self._min_loss_scale, 1.0),
-        'max_loss_scale': (self._max_loss_scale, None),
-        'hysteresis': (self._hysteresis, 1),
-        'on_collapse': (self._on_collapse, 'skip'),
-        'collapse_patience': (self._collapse_patience, 1),
-    }
-    config.update({key: value for key, (value, default) in options.items()
-                   if value != default})
-    return config
+    # () stands for "always given": no value equals it.
+    defaults = dict(initial_loss_scale=(), increment_period=(),
+                    multiplier=(), min_loss_scale=1.0, max_loss_scale=None,
+                    hysteresis=1, on_collapse='skip', collapse_patience=1)
+    return {key: getattr(self, key) for key, default in defaults.items()
+            if getattr(self, key) != default}
 
 
 _CLASSES_BY_NAME = {
@@ -648,15 +556,12 @@ Identifier = Union[None, str, float, int, LossScale]
 
 
 def get(identifier: Identifier) -> Optional[LossScale]:
-  """Turns a loss scale identifier into a `LossScale`.
+  """Turns a loss scale identifier into a `LossScale` (or None).
 
   Args:
     identifier: A number (a `FixedLossScale` of that value), the string
       `'dynamic'` (a `DynamicLossScale` with its defaults), a `LossScale`
       (returned as it is), or None (returned as None).
-
-  Returns:
-    A `LossScale`, or None.
 
   Raises:
     ValueError: For any other identifier.
@@ -675,12 +580,6 @@ def get(identifier: Identifier) -> Optional[LossScale]:
 def serialize(loss_scale: LossScale) -> Dict[str, Any]:
   """Describes a loss scale as `{'class_name': ..., 'config': ...}`.
 
-  Args:
-    loss_scale: A `FixedLossScale` or `DynamicLossScale`.
-
-  Returns:
-    A dict for `deserialize`.
-
   Raises:
     TypeError: If `loss_scale` is not one of this library's loss scales.
   """
@@ -694,12 +593,6 @@ def serialize(loss_scale: LossScale) -> Dict[str, Any]:
 
 def deserialize(config: Dict[str, Any]) -> LossScale:
   """Recreates a loss scale from `serialize`'s output (this library's only).
-
-  Args:
-    config: A dict with keys `'class_name'` and `'config'`.
-
-  Returns:
-    A new loss scale.
 
   Raises:
     ValueError: If `config` is not such a dict or names another class.
@@ -717,13 +610,9 @@ def deserialize(config: Dict[str, Any]) -> LossScale:
 
 
 def _state_variable(name: str, initial_value: Any, dtype: tf.DType) -> tf.Variable:
-  return tf.Variable(
-      initial_value,
-      name=name,
-      dtype=dtype,
-      trainable=False,
-      synchronization=tf.VariableSynchronization.AUTO,
-      aggregation=tf.VariableAggregation.NONE)
+  return tf.Variable(initial_value, name=name, dtype=dtype, trainable=False,
+                     synchronization=tf.VariableSynchronization.AUTO,
+                     aggregation=tf.VariableAggregation.NONE)
 
 
 def step_record_of(loss_scale: LossScale) -> Optional[step_record.StepRecord]:
@@ -766,13 +655,10 @@ def check_scale_arguments(
     floor: Optional[float] = None) -> Tuple[float, Optional[int]]:
   """Checks a loss scale's first value and growth period, for every front end.
 
-  Args:
-    initial_scale: The (first) scale: finite, positive, within float32's
-      range, and at least `floor` if given.
-    growth_steps: An integer from 1 to 2**63 - 1 (the counter is int64).
-    names: The arguments' names in the caller's signature, for messages;
-      one name only to check `initial_scale` alone.
-    floor: The lowest first scale to accept.
+  `initial_scale` must be finite, positive, within float32's range and at
+  least `floor` if given; `growth_steps` an integer from 1 to 2**63 - 1.
+  `names` are the arguments' names in the caller's signature, for messages
+  (one name only to check `initial_scale` alone).
 
   Returns:
     `(initial_scale, growth_steps)` as a float and an int (or None).

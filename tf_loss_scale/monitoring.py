@@ -23,23 +23,17 @@ GOOD_STEPS = 'good_steps'
 SKIPPED_STEPS = 'skipped_steps'
 NON_FINITE_STREAK = 'non_finite_streak'
 SKIPS_AT_FLOOR = 'skips_at_floor'
-# In Keras logs: why the latest skipped step was skipped, as a number that
-# the progress bar and `History` can show.
+# In Keras logs: why the latest step was skipped, as a number (for `History`).
 SKIP_CAUSE = 'skip_cause'
 SKIP_CAUSE_CODES = {None: 0, step_record.OVERFLOW: 1, step_record.NAN: 2}
-# How many skipped steps are logged one by one before logging slows down to
-# the skipped steps whose count is a power of two.
+# Skipped steps logged one by one before only powers of two are.
 SKIPS_LOGGED_EACH = 10
 
 # TensorBoard tags, grouped under one section.
-TAGS = {
-    SCALE: 'loss_scale/scale',
-    GOOD_STEPS: 'loss_scale/good_steps',
-    SKIPPED_STEPS: 'loss_scale/skipped_steps',
-    NON_FINITE_STREAK: 'loss_scale/non_finite_streak',
-    SKIPS_AT_FLOOR: 'loss_scale/skips_at_floor',
-    SKIP_CAUSE: 'loss_scale/skip_cause',
-}
+TAGS = {SCALE: 'loss_scale/scale', **{
+    key: f'loss_scale/{key}' for key in (GOOD_STEPS, SKIPPED_STEPS,
+                                         NON_FINITE_STREAK, SKIPS_AT_FLOOR,
+                                         SKIP_CAUSE)}}
 # The skip reports, as TensorBoard text.
 SKIP_REPORT_TAG = 'loss_scale/skipped_step'
 
@@ -60,13 +54,12 @@ def state_tensors(source: LossScaleSource) -> Dict[str, tf.Tensor]:
 
   Args:
     source: A `LossScale`; an optimizer whose `loss_scale` property is one;
-      a Keras 3-style loss scale optimizer, with `dynamic_scale` and
-      `step_counter` variables (and, if it keeps them, `skipped_steps`); or
-      Keras 2's own loss scale optimizer.
+      a Keras 3-style loss scale optimizer (`dynamic_scale`, `step_counter`
+      and maybe `skipped_steps`); or Keras 2's own loss scale optimizer.
 
   Returns:
-    A dict of scalar tensors: `'loss_scale'` (float32) and, for each counter
-    the source keeps, its int64 value.
+    Scalar tensors: `'loss_scale'` (float32), and each counter the source
+    keeps (int64).
 
   Raises:
     TypeError: If `source` is none of the above.
@@ -126,7 +119,7 @@ def _state_holder(source: LossScaleSource) -> Any:
 
 def last_skip(source: LossScaleSource,
               session: Any = None) -> Optional[SkipReport]:
-  """Why the latest skipped step was skipped.
+  """Why the latest skipped step was skipped:
 
   ```python
   report = tf_loss_scale.monitoring.last_skip(opt)
@@ -136,14 +129,14 @@ def last_skip(source: LossScaleSource,
 
   Args:
     source: A `DynamicLossScale`; an optimizer whose `loss_scale` property
-      is a `LossScale` (the `tf.compat.v1` wrapper, the TF 2.3-style Keras
-      wrapper); or this library's Keras 3-form `LossScaleOptimizer`.
-    session: For a loss scale built in a TF1 graph, the session that runs
-      it (a `tf.compat.v1.Session` or a `MonitoredSession`).
+      is a `LossScale` (the v1 and TF 2.3-style wrappers); or this library's
+      Keras 3-form `LossScaleOptimizer`.
+    session: For a loss scale built in a TF1 graph, the `Session` (or
+      `MonitoredSession`) that runs it.
 
   Returns:
     The latest skipped step's `SkipReport` in this process; None before any
-    skipped step, and always for a `FixedLossScale`.
+    skip, and always for a `FixedLossScale`.
 
   Raises:
     TypeError: If `source` is none of the above.
@@ -181,12 +174,12 @@ def _record_of(source: LossScaleSource) -> Optional[step_record.StepRecord]:
   return record
 
 
-def _keeps_reports(source: LossScaleSource) -> bool:
-  """Whether `last_skip` reads `source`."""
+def _skip_log(source: LossScaleSource) -> Optional['_SkipLog']:
+  """A `_SkipLog` of `source`, if `last_skip` reads it."""
   try:
-    return _record_of(source) is not None
+    return None if _record_of(source) is None else _SkipLog(source)
   except TypeError:
-    return False
+    return None
 
 
 class _SkipLog:
@@ -200,7 +193,7 @@ class _SkipLog:
     self.cause = SKIP_CAUSE_CODES[None]
 
   def follow(self, skipped: int, session: Any = None) -> Optional[str]:
-    """Logs the latest report if one is due; returns the line or None."""
+    """Logs the latest report if due, given the skip count; returns the line."""
     if skipped <= self._seen:
       return None
     self._seen = skipped
@@ -229,27 +222,24 @@ def _is_keras_2_loss_scale_optimizer(source: Any) -> bool:
           tf.is_tensor(getattr(source, 'loss_scale', None)))
 
 
-# What TensorBoard's scalar plugin reads; written with the core `tf.summary.write`
-# so that the `tensorboard` package is not needed to produce event files.
-_SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
-    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='scalars'),
-    data_class='DATA_CLASS_SCALAR')
+def _plugin_metadata(plugin: str, data_class: str) -> Any:
+  return tf.compat.v1.SummaryMetadata(
+      plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name=plugin),
+      data_class=data_class)
 
 
-# What TensorBoard's text plugin reads, for the skip reports.
-_TEXT_METADATA = tf.compat.v1.SummaryMetadata(
-    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='text'),
-    data_class='DATA_CLASS_TENSOR')
+# What TensorBoard's plugins read, written with the core `tf.summary.write`
+# so that event files need no `tensorboard` package.
+_SCALAR_METADATA = _plugin_metadata('scalars', 'DATA_CLASS_SCALAR')
+_TEXT_METADATA = _plugin_metadata('text', 'DATA_CLASS_TENSOR')
 
 
 def write_scalar(tag: str, value: Any,
                  step: Optional[Union[int, tf.Tensor]] = None) -> None:
-  """`tf.summary.scalar` without the `tensorboard` package (float32 values).
+  """`tf.summary.scalar(tag, value, step)` without the `tensorboard` package.
 
-  Args:
-    tag: The scalar's name.
-    value: A real number or a scalar tensor.
-    step: The summary step; by default `tf.summary.experimental.get_step()`.
+  The value is written as float32; `step` defaults to
+  `tf.summary.experimental.get_step()`.
   """
   tf.summary.write(tag, tf.cast(value, tf.float32), step=step,
                    metadata=_SCALAR_METADATA)
@@ -263,11 +253,8 @@ def write_summaries(source: LossScaleSource,
   default writer, e.g. `with writer.as_default(): write_summaries(opt, step)`.
 
   Args:
-    source: Any source `state_tensors` reads.
+    source: Any source `state_tensors` reads (else TypeError).
     step: The summary step; by default `tf.summary.experimental.get_step()`.
-
-  Raises:
-    TypeError: If `source` is not one.
   """
   for key, value in state_tensors(source).items():
     write_scalar(TAGS[key], value, step)
@@ -288,8 +275,7 @@ class LossScaleCallback(keras.callbacks.Callback):
   """
 
   # Keras 2's fit asks every callback which batch hooks it implements and
-  # whether it takes tensors in its logs; Keras 3's Callback, the base
-  # class where `keras` is Keras 3, has no such methods.
+  # whether it takes tensors in its logs; Keras 3's base class cannot say.
   _supports_tf_logs = False
   _chief_worker_only = None
 
@@ -302,17 +288,15 @@ class LossScaleCallback(keras.callbacks.Callback):
   def _implements_predict_batch_hooks(self) -> bool:
     return False
 
-  def __init__(self,
-               log_dir: Optional[str] = None,
+  def __init__(self, log_dir: Optional[str] = None,
                update_freq: Union[str, int] = 'epoch',
                loss_scale: Optional[LossScaleSource] = None):
     """Creates the callback.
 
     Args:
       log_dir: Directory for TensorBoard event files, or None for logs only.
-      update_freq: `'epoch'` to write summaries once per epoch, or a
-        positive int N to write every N batches, at the batch index Keras
-        reports counted from the start of training.
+      update_freq: `'epoch'`, or a positive int N to write every N batches
+        (counted from the start of training).
       loss_scale: What to watch, any source `state_tensors` reads; by default
         `model.optimizer`.
 
@@ -342,8 +326,7 @@ class LossScaleCallback(keras.callbacks.Callback):
     self._watched = (self._loss_scale if self._loss_scale is not None else
                      self.model.optimizer)
     _state_holder(self._watched)
-    self._skips = _SkipLog(self._watched) if _keeps_reports(
-        self._watched) else None
+    self._skips = _skip_log(self._watched)
     self._epoch_start = 0
     self._last_index = -1
     if self._log_dir is not None and self._writer is None:
@@ -402,8 +385,7 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
   `LossScaleCallback`. It counts the runs it sees (a skipped step does not
   advance the global step), so run evaluation fetches without hooks. A run
   it does not log costs no run of its own: a skip is seen in the run that
-  fetches the step (the op `MixedPrecisionLossScaleOptimizer` returned, or
-  the update op of the `DynamicLossScale`), or else at the next logged run.
+  fetches the step, or else at the next logged run.
 
   ```python
   opt = tf_loss_scale.MixedPrecisionLossScaleOptimizer(opt, 'dynamic')
@@ -414,20 +396,16 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
   ```
   """
 
-  def __init__(self,
-               source: LossScaleSource,
-               output_dir: Optional[str] = None,
+  def __init__(self, source: LossScaleSource, output_dir: Optional[str] = None,
                every_n_steps: int = 100):
     """Creates the hook; build it in the graph that trains.
 
     Args:
-      source: A `LossScale`, or an optimizer whose `loss_scale` is one.
+      source: A `LossScale`, or an optimizer whose `loss_scale` is one
+        (else TypeError).
       output_dir: Directory for TensorBoard event files, or None.
-      every_n_steps: Read the state every this many runs, a positive int.
-
-    Raises:
-      TypeError: If `state_tensors` cannot read `source`.
-      ValueError: If `every_n_steps` is not a positive int.
+      every_n_steps: Read the state every this many runs, a positive int
+        (else ValueError).
     """
     if not _is_positive_int(every_n_steps):
       raise ValueError(
@@ -445,8 +423,7 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
 
   def begin(self):
     self._fetches = state_tensors(self._source)
-    self._skips = (_SkipLog(self._source) if _keeps_reports(self._source)
-                   else None)
+    self._skips = _skip_log(self._source)
     self._global_step = tf.compat.v1.train.get_global_step()
     if self._output_dir is not None:
       self._writer = tf.compat.v1.summary.FileWriterCache.get(self._output_dir)

@@ -26,8 +26,6 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
   skipped step changes no variable, slot or `global_step`), and the loss
   scale adjusts either way.
 
-  Usage in a TF1 graph:
-
   ```python
   opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
   opt = MixedPrecisionLossScaleOptimizer(opt, 'dynamic')
@@ -39,10 +37,10 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
   """
 
   def __init__(self, opt: _V1Optimizer, loss_scale: loss_scale_lib.Identifier):
-    """Wraps `opt`.
+    """Wraps `opt`, the `tf.compat.v1.train.Optimizer` that applies the step.
 
     Args:
-      opt: The `tf.compat.v1.train.Optimizer` that applies the gradients.
+      opt: The optimizer.
       loss_scale: A `LossScale`, a number (a fixed scale) or `'dynamic'`.
 
     Raises:
@@ -71,24 +69,15 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
     """The wrapped optimizer."""
     return self._optimizer
 
-  def compute_gradients(self,
-                        loss: gradients.Loss,
-                        var_list: Optional[List[tf.Variable]] = None,
-                        gate_gradients: int = _V1Optimizer.GATE_OP,
-                        aggregation_method: Any = None,
-                        colocate_gradients_with_ops: bool = False,
-                        grad_loss: Optional[tf.Tensor] = None) -> List[Tuple[Any, tf.Variable]]:
+  def compute_gradients(
+      self, loss: gradients.Loss, var_list: Optional[List[tf.Variable]] = None,
+      gate_gradients: int = _V1Optimizer.GATE_OP,
+      aggregation_method: Any = None, colocate_gradients_with_ops: bool = False,
+      grad_loss: Optional[tf.Tensor] = None) -> List[Tuple[Any, tf.Variable]]:
     """Computes the unscaled gradients of `loss`.
 
-    Args:
-      loss: The loss tensor, or (required eagerly) a zero-argument callable
-        returning it.
-      var_list: Variables to differentiate with respect to; by default the
-        graph's trainable variables.
-      gate_gradients: `GATE_NONE`, `GATE_OP` or `GATE_GRAPH`.
-      aggregation_method: How to combine gradient terms (`tf.AggregationMethod`).
-      colocate_gradients_with_ops: Whether to colocate gradients with their ops.
-      grad_loss: Optional gradient for `loss`.
+    Takes the arguments of `tf.compat.v1.train.Optimizer.compute_gradients`:
+    `loss` is a tensor or (required eagerly) a callable returning it.
 
     Returns:
       A list of `(gradient, variable)` pairs, gradients unscaled.
@@ -114,8 +103,7 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
 
     Args:
       grads_and_vars: `(gradient, variable)` pairs from `compute_gradients`.
-      global_step: Optional variable to increment by one when the step is
-        applied; a skipped step leaves it unchanged.
+      global_step: Optional variable to increment when the step is applied.
       name: Optional name for the returned op.
 
     Returns:
@@ -136,16 +124,14 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
       op = self._optimizer.apply_gradients(grads_and_vars, global_step, name)
       return None if tf.executing_eagerly() else op
     variables = [v for _, v in grads_and_vars]
-    # tf.compat.v1 optimizers sum the gradients inside their own merge_call,
-    # so the step takes its verdict with one scalar reduction
-    # (`reduces=True`; see tf_loss_scale.step). The op returned, one op for
-    # every replica, is the whole step and takes the name TensorFlow's
-    # wrapper gives it (the inner optimizer's by default), so a graph run by
-    # op name runs the whole step; the inner apply is named as TensorFlow's
-    # wrapper names it, after that one.
+    # v1 optimizers sum the gradients in their own merge_call: the step's
+    # default `reduces=True` (see tf_loss_scale.step). The op returned, one
+    # for every replica, is the whole step and takes the name TensorFlow's
+    # wrapper gives it, so a graph run by op name runs the whole step; the
+    # inner apply takes the name TensorFlow's gives it. One string for every
+    # replica: a merge_call takes two equal strings that are not one object
+    # for per-replica values.
     name = name or self.get_name()
-    # One string for every replica: a merge_call takes two equal strings
-    # that are not one object for per-replica values.
     inner_name = name + '-wrapped'
     op = step.apply_step(
         [g for g, _ in grads_and_vars], step.LossScaleState(self._loss_scale),

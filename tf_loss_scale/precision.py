@@ -1,9 +1,8 @@
 """What a mixed precision policy means for loss scaling.
 
-Loss scaling exists for float16, whose exponent range is narrow enough that
-small gradients flush to zero. bfloat16 has float32's exponent range, so a
-loss scale only costs time there. Front ends ask here when they wrap an
-optimizer under a global policy, so the advice is given in one place.
+Loss scaling exists for float16, whose narrow exponent range flushes small
+gradients to zero; bfloat16 has float32's range, so a loss scale only costs
+time there. Every front end asks here when it wraps an optimizer.
 """
 
 import warnings
@@ -17,13 +16,12 @@ def warn_if_scaling_is_not_needed(compute_dtype: str, wrapper: str) -> bool:
   """Warns once per process and wrapper that bfloat16 needs no loss scale.
 
   Args:
-    compute_dtype: The compute dtype of the global mixed precision policy
-      in force when the wrapper was created, e.g. `'bfloat16'`.
+    compute_dtype: The global policy's compute dtype when the wrapper was
+      created, e.g. `'bfloat16'`.
     wrapper: The wrapper's class name, named in the message.
 
   Returns:
-    Whether the policy computes in bfloat16 (so a warning applies), whether
-    or not it was given this time.
+    Whether the policy computes in bfloat16 (warned now or before).
   """
   if compute_dtype != 'bfloat16':
     return False

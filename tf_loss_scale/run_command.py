@@ -1,15 +1,11 @@
 """`tf-loss-scale run PROGRAM.py [ARGS...]`: an old program, run unmodified.
 
 The program runs as `__main__`, as `python PROGRAM.py ARGS...` runs it,
-after `compat.install(override=True)`, under the Keras it was written for:
-Keras 2 (tf_keras through `TF_USE_LEGACY_KERAS=1` where `keras` is Keras 3,
-and then `import keras` is tf_keras too), or Keras 3 when asked. Its
-TensorFlow (`--tf`, or read from it: `run_guess`) chooses more: TF1 code
-runs on `tensorflow.compat.v1`, code of TF 2.10 and before gets the
-optimizers it had (`run_setup`). The set-up is written into the environment,
-so that the processes the program starts get it too. TensorFlow reads
-`TF_USE_LEGACY_KERAS` once, when it is imported; a process that had
-imported TensorFlow already runs the command again in a fresh interpreter.
+after `compat.install(override=True)`, under the Keras and the names of the
+TensorFlow it was written for (`--tf`, or read by `run_guess`; set up by
+`run_setup`). The set-up goes into the environment, so the processes the
+program starts get it too. TensorFlow reads `TF_USE_LEGACY_KERAS` once, on
+import: a process that had imported it runs the command in a new one.
 """
 
 import importlib.util
@@ -41,25 +37,20 @@ def run(program: str, args: List[str], keras: Optional[str] = None,
   """Runs `program` as `__main__`, set up as its TensorFlow set it up.
 
   Args:
-    program: The path of the Python file to run.
-    args: Its arguments: the program sees `sys.argv == [program, *args]`.
-    keras: `'2'`: the Keras 2 the program was written for (tf_keras, with
-      `TF_USE_LEGACY_KERAS=1`, where `keras` is Keras 3; `keras` is then
-      tf_keras too); `'3'`: Keras 3. None: `'3'` for a program of
-      TensorFlow 2.16 or later, else `'2'`.
-    tf_version: The program's TensorFlow: `'1'` (TF 1.x code: it runs on
-      `tensorflow.compat.v1`), or `'2.N'` (2.10 and before: tf_keras's
-      legacy optimizers under the optimizers' names). None: read from the
-      program (`guess.tensorflow`), printed when found, unless `keras` is
+    program: The Python file to run, with `sys.argv == [program, *args]`.
+    args: Its arguments.
+    keras: The program's Keras, `'2'` or `'3'` (as `run --keras`). None:
+      `'3'` for a program of TensorFlow 2.16 or later, else `'2'`.
+    tf_version: The program's TensorFlow, `'1'` or `'2.N'` (as `run --tf`).
+      None: read from the program and printed when found, unless `keras` is
       `'3'`.
-    check: Whether to print what the program will get, and warnings,
-      instead of running it (`guess.report`).
+    check: Whether to print what the program gets, and warnings, instead.
 
   Returns:
     The exit status: 0 when the program returned, 1 when it raised (its
     traceback printed from its own frames on), 2 when its Keras cannot be
-    set up here or the file is missing. A `SystemExit` the program raises
-    propagates with its code. With `check`: 1 when there are warnings.
+    set up here or the file is missing; a `SystemExit` propagates. With
+    `check`: 1 when there are warnings.
 
   Raises:
     ValueError: If `keras` is not '2' or '3', or `tf_version` no version.
@@ -135,17 +126,9 @@ def _legacy_keras_setting(keras: str) -> Union[bool, None, str]:
 
 def _set_environ(environ: MutableMapping[str, str], legacy: Optional[bool],
                  settings: Dict[str, str]) -> None:
-  """Sets `TF_USE_LEGACY_KERAS`, the set-up, and `PYTHONPATH`.
-
-  `PYTHONPATH` gets `run_site` (for its `sitecustomize`) and, unless it is
-  a site directory, which every interpreter has, the one this library is
-  in: a site directory there would come before the standard library.
-
-  Args:
-    environ: `os.environ`, or a copy for a child.
-    legacy: As `_legacy_keras_setting` returned it.
-    settings: As for `run_setup.apply`.
-  """
+  """Sets `TF_USE_LEGACY_KERAS` (`legacy`), the set-up, and `PYTHONPATH`:
+  `run_site` (for its `sitecustomize`) and this library's directory unless
+  it is a site directory (there it would come before the standard library)."""
   if legacy is True:
     environ['TF_USE_LEGACY_KERAS'] = '1'
   elif legacy is False:

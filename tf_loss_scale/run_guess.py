@@ -44,23 +44,18 @@ def tensorflow(source: str) -> Tuple[Optional[str], Optional[str]]:
   `tf.train.MomentumOptimizer`...) tells `'1'`, and TF 2.1-2.3's
   `mixed_precision.experimental` tells `'2.3'`.
 
-  Args:
-    source: The program's text.
-
   Returns:
-    `(version, reason)`, or `(None, None)` when nothing tells.
+    `(version, reason)` for the program's text `source`, or `(None, None)`
+    when nothing tells.
   """
   marker = _MARKER.search(source)
   if marker:
     return marker.group(1), f'its "{marker.group(0)}" line'
   source = _code(source)
-  found = _tf1_name(source)
-  if found:
-    return '1', f'{found.group(0)} on line {_line(source, found.start())}'
-  found = re.search(r'mixed_precision\.experimental|'
-                    r'mixed_precision import experimental', source)
-  if found:
-    return '2.3', f'{found.group(0)} on line {_line(source, found.start())}'
+  for version, found in (('1', _tf1_name(source)),
+                         ('2.3', re.search(_EXPERIMENTAL, source))):
+    if found:
+      return version, f'{found.group(0)} on line {_line(source, found.start())}'
   return None, None
 
 
@@ -74,7 +69,7 @@ def report(source: str, settings: Dict[str, str],
     guessed: What told the program's TensorFlow, when `tensorflow()` did.
 
   Returns:
-    `(lines, warnings)`, each a list of sentences.
+    `(lines, warnings)`, lists of sentences.
   """
   tf_version = settings.get('tf')
   version = run_setup.generation(tf_version)
@@ -109,10 +104,9 @@ def report(source: str, settings: Dict[str, str],
             for line, name, given in names]
   lines.append('child processes (multiprocessing, sys.executable) are set up '
                'the same way')
-  warnings = []
-  for found in re.finditer(r'\b\w+\.contrib\b|tensorflow\.contrib', source):
-    warnings.append(f'line {_line(source, found.start())}: {found.group(0)}: '
-                    f'{run_setup.CONTRIB_MESSAGE}')
+  warnings = [f'line {_line(source, found.start())}: {found.group(0)}: '
+              f'{run_setup.CONTRIB_MESSAGE}' for found in re.finditer(
+                  r'\b\w+\.contrib\b|tensorflow\.contrib', source)]
   found = _tf1_name(source) if version != (1,) else None
   if found:
     warnings.append(f'line {_line(source, found.start())}: {found.group(0)} '

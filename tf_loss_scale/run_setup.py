@@ -2,16 +2,15 @@
 
 The launcher writes its choices into the environment (`TF_LOSS_SCALE_RUN`,
 e.g. `keras=2,tf=2.3`) and puts `run_site/` on `PYTHONPATH`, whose
-`sitecustomize` calls `apply_from_environ()` when any interpreter starts:
-the program's own, a `multiprocessing` spawn child, a `sys.executable`
-subprocess. Nothing is imported there; the set-up waits for `tensorflow`:
+`sitecustomize` calls `apply_from_environ()` in every interpreter that
+starts (the program's, its children). Nothing is imported there:
   - Keras 2 where `keras` is Keras 3: `keras` and `keras.*` are tf_keras.
-  - When `tensorflow` has been imported: `compat.install(override=True)`.
-  - A program of TensorFlow 2.10 or earlier: tf_keras's legacy optimizers
-    (`OptimizerV2`) under the names `tf.keras.optimizers` gave it.
-  - A TF1 program (`tf=1`): v2 behaviour disabled, and `import tensorflow`
-    gives `tensorflow.compat.v1`; `tf.contrib` is refused with a message.
-    This library keeps the real module: its modules load with it.
+  - Once `tensorflow` is imported: `compat.install(override=True)`; for a
+    program of TensorFlow 2.10 or earlier, tf_keras's legacy optimizers
+    under the names `tf.keras.optimizers` gave it; for a TF1 program
+    (`tf=1`), v2 behaviour off and `import tensorflow` gives
+    `tensorflow.compat.v1` (this library's modules get the real one), with
+    `tf.contrib` refused with a message.
 """
 
 import importlib
@@ -50,9 +49,8 @@ def decode(text: str) -> Dict[str, str]:
 
 def generation(tf_version: Optional[str]) -> Optional[Tuple[int, ...]]:
   """`'2.3'` -> `(2, 3)`, `'1'` -> `(1,)`, None -> None."""
-  if tf_version is None:
-    return None
-  return tuple(int(part) for part in tf_version.split('.'))
+  return (None if tf_version is None else
+          tuple(int(part) for part in tf_version.split('.')))
 
 
 def apply_from_environ() -> None:
@@ -67,8 +65,7 @@ def apply(settings: Dict[str, str]) -> None:
 
   Args:
     settings: `keras` (`'2'` or `'3'`), `alias` (`'1'`: `keras` is
-      tf_keras) and optionally `tf` (the program's TensorFlow, `'1'` or
-      `'2.N'`).
+      tf_keras) and optionally `tf` (`'1'` or `'2.N'`).
 
   Raises:
     RuntimeError: If other settings were applied already.
@@ -107,7 +104,7 @@ def _set_up_tensorflow(settings: Dict[str, str]) -> None:
   # `import tensorflow.compat.v1 as tf` reads `compat` off the module.
   v1.compat = tf.compat
   v1.contrib = _Refused('tensorflow.contrib')
-  sys.meta_path.insert(0, _Refusing('tensorflow.contrib'))
+  sys.meta_path.insert(0, _Alias('tensorflow.contrib', None))
   sys.modules['tensorflow'] = v1
 
 
@@ -124,16 +121,19 @@ def _legacy_optimizers(tf: types.ModuleType) -> None:
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-  """`import NAME[.sub]` gives the module `TARGET[.sub]`, the same object."""
+  """`import NAME[.sub]` gives the module `TARGET[.sub]`, the same object;
+  with no TARGET, an ImportError with `CONTRIB_MESSAGE`."""
 
-  def __init__(self, name: str, target: str):
+  def __init__(self, name: str, target: Optional[str]):
     self._name, self._target = name, target
 
   def find_spec(self, fullname, path=None, target=None):
     del path, target  # Unused.
-    if fullname == self._name or fullname.startswith(self._name + '.'):
-      return importlib.util.spec_from_loader(fullname, self)
-    return None
+    if fullname != self._name and not fullname.startswith(self._name + '.'):
+      return None
+    if self._target is None:
+      raise ImportError(CONTRIB_MESSAGE, name=fullname)
+    return importlib.util.spec_from_loader(fullname, self)
 
   def create_module(self, spec):
     return None
@@ -145,11 +145,8 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 class _AfterImports(importlib.abc.MetaPathFinder):
-  """Calls `then()` once TensorFlow is imported and no import of NAMES runs.
-
-  That is at the end of the outermost such import: `import keras` imports
-  TensorFlow, and `then` needs the Keras it finishes.
-  """
+  """Calls `then()` once TensorFlow is imported and no import of NAMES runs:
+  `import keras` imports TensorFlow, and `then` needs the Keras it ends."""
 
   def __init__(self, names: Tuple[str, ...], then: Callable[[], None]):
     self._names, self._then, self._running = names, then, 0
@@ -221,14 +218,3 @@ class _Refused(types.ModuleType):
       raise AttributeError(name)
     raise AttributeError(CONTRIB_MESSAGE)
 
-
-class _Refusing(importlib.abc.MetaPathFinder):
-  """`import NAME[.sub]` raises an ImportError with `CONTRIB_MESSAGE`."""
-
-  def __init__(self, name: str):
-    self._name = name
-
-  def find_spec(self, fullname, path=None, target=None):
-    if fullname == self._name or fullname.startswith(self._name + '.'):
-      raise ImportError(CONTRIB_MESSAGE, name=fullname)
-    return None

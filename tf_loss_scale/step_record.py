@@ -1,38 +1,21 @@
 """What the latest steps did, and why the latest skipped step was skipped.
 
-A `StepRecord` is monitoring state, kept next to a loss scale's state but
-never saved with it (checkpoints and `.keras` files keep the peers' layouts):
+A `StepRecord` is monitoring state kept next to a loss scale's, never saved
+with it (checkpoints and `.keras` files keep the peers' layouts): the counts
+`skipped_steps`, `last_step_skipped` and `steps`, and the latest skip report
+(`SkipReport`, from the step's one reading of its gradients), written only
+on the skip branch so a finite step pays for the counts alone.
 
-- `skipped_steps`, `last_step_skipped` and `steps` (every step, applied or
-  skipped), moved once per step with the loss scale's state;
-- the skip report of the latest skipped step: the step's number, the scale
-  its gradients were computed with, and which gradients held a NaN and which
-  an inf, as the step's one reading of its gradients found them
-  (`tf_loss_scale.distribute.read`). It is written only on a skipped step,
-  from the step's skip branch (`tf_loss_scale.step.apply_step`), so a finite
-  step pays for the counts alone.
+A write of a mirrored variable is a write on every device, so the report
+takes few variables: its numbers one float64 vector, its flags one boolean
+matrix per "site" (list of gradient names, kept in Python, so XLA works),
+made when a step with those names is first traced. The counts stay three
+scalars, as Keras's optimizer tests expect of what an optimizer assigns.
 
-The report is held in as few variables as its dtypes allow: its numbers in
-one float64 vector (its integers are exact there up to 2**53) and its flags
-in one boolean matrix per site. Under a strategy every variable is mirrored
-and a write of one is a write on every device, which a finite step pays for
-in part even on the skip branch it does not take (the branch's inputs still
-pass between devices, as dead tensors), so a skip writes two variables. The
-counts stay three scalars, as Keras's optimizer tests expect of what an
-optimizer assigns directly (they stand in for `assign` with a function that
-refuses any other variable).
-
-`SkipReport` is what `tf_loss_scale.monitoring.last_skip` returns. The
-per-gradient flags live in one boolean variable per list of gradient names
-the record has seen (a "site"; most steps have one), created the first time
-a step with those names is traced: numbers only, so that the record
-works under XLA too, with the names kept in Python.
-
-In a TF1 graph the variables are in no collection, under a name scope of
-the library's own (`GRAPH_SCOPE`): a graph has the variables, collections
-and initialisers it has with TensorFlow's wrapper. No initialiser resets
-them (a metrics reset with `local_variables_initializer()` included): each
-session's first step sets them, and until then they read "no step".
+In a TF1 graph the variables are in no collection, under the library's own
+name scope (`GRAPH_SCOPE`), as with TensorFlow's wrapper. No initialiser
+resets them: each session's first step sets them; until then they read "no
+step".
 """
 
 import contextlib
@@ -58,17 +41,14 @@ class SkipReport:
 
   Attributes:
     step: How many steps, applied and skipped, went through the loss scale
-      (in this process; in a TF1 graph, in this session) before the
-      skipped one.
+      (in this process; in a TF1 graph, in this session) before this one.
     loss_scale: The scale the skipped step's gradients were computed with.
-    nan: The variables whose gradient held a NaN, in the step's order:
-      `tf.Variable.name`, a Keras variable's `path`, or `'gradient i'` (its
-      position) where no variable is known. Under a strategy, on any replica.
+    nan: The variables whose gradient held a NaN (on any replica), in the
+      step's order, named by `gradient_names`.
     inf: The variables whose gradient held an inf of either sign, or whose
       sum across replicas may overflow. A variable can be in both lists.
     cause: `'nan'` when any gradient held a NaN (no loss scale cures that),
-      `'overflow'` otherwise (a lower scale does): infinities, or under a
-      strategy sums across replicas that could overflow.
+      else `'overflow'` (a lower scale does).
   """
   step: int
   loss_scale: float
@@ -87,14 +67,9 @@ class SkipReport:
 
 
 def gradient_names(variables: Sequence[Any]) -> Tuple[str, ...]:
-  """The names a report gives the gradients of `variables`.
+  """The names a report gives the gradients of `variables` (None: unknown).
 
-  Args:
-    variables: One entry per gradient: a variable, or None where no variable
-      is known.
-
-  Returns:
-    A Keras variable's `path`, else `tf.Variable.name`, else `'gradient i'`.
+  A Keras variable's `path`, else `tf.Variable.name`, else `'gradient i'`.
   """
   names = []
   for i, variable in enumerate(variables):
@@ -134,18 +109,15 @@ class _Site:
 class StepRecord:
   """A loss scale's monitoring state: step counts and the skip report.
 
-  Create its variables with `create()` where the loss scale creates its own
-  (in a strategy's scope when there is one), then call `record` once per
-  step with whether it was skipped, and the function `skip_reporter`
-  returns from the skip branch.
+  `create()` it where the loss scale creates its state; then per step call
+  `record`, and on the skip branch what `skip_reporter` returned.
   """
 
   def __init__(self):
     self._counts = None
     self._report = None
     self._sites: Dict[Tuple[str, ...], _Site] = {}
-    # By the name of a whole step's op in a TF1 graph, the skip count read
-    # once that op has run.
+    # The skip count once a step's op has run, by the op's name (TF1 graph).
     self._counted_after: Dict[str, tf.Tensor] = {}
 
   @property
@@ -156,11 +128,9 @@ class StepRecord:
     """Creates the variables, outside any `tf.function` being traced.
 
     Args:
-      names: The names of the gradients the steps will have, when they are
-        known now: their flags are created now too. Otherwise flags are
-        created the first time a step with given names is built, which
-        makes a `tf.function` trace its first call twice (as it does for any
-        variable it creates).
+      names: The steps' gradient names, if known now: their flags are made
+        now too, not when a step is first built (which makes a `tf.function`
+        trace its first call twice, as any variable it creates does).
     """
     with tf.init_scope():
       self._counts = {
@@ -169,8 +139,7 @@ class StepRecord:
           'last_step_skipped': _monitoring_variable('last_step_skipped',
                                                     False, tf.bool),
       }
-      # The latest skipped step's number (-1 until a step is skipped), the
-      # index of its site, and its loss scale.
+      # The latest skipped step's number (-1: none), site and loss scale.
       self._report = _monitoring_variable('skip_report', _NO_REPORT,
                                           tf.float64, [3])
       self._graph = (None if tf.executing_eagerly() else
@@ -209,13 +178,11 @@ class StepRecord:
     """The skip count once the step among `fetches` has run, if one is.
 
     Args:
-      fetches: What a `Session.run` fetches: any nest of ops, tensors and
-        names.
+      fetches: What a `Session.run` fetches: any nest of ops, tensors, names.
 
     Returns:
-      A tensor to fetch in that same run, which then costs no run of its
-      own; None when no step `follow` was given is fetched: by op, by name,
-      or in a group of ops (`tf.group`, `strategy.group`).
+      A tensor to fetch in that same run (no run of its own); None when no
+      step `follow` was given is fetched, by op, name, or in a group of ops.
     """
     for fetch in tf.nest.flatten(fetches):
       if isinstance(fetch, str) and fetch in self._counted_after:
@@ -245,20 +212,17 @@ class StepRecord:
                    ) -> Callable[[], Any]:
     """Prepares the report of a step that may be skipped.
 
-    Call it in the cross-replica context (or with no strategy) before the
-    step takes a side, and call what it returns only on the skip side,
-    before `record` counts the step.
+    Call it in the cross-replica context before the step takes a side, and
+    what it returns only on the skip side, before `record` counts the step.
 
     Args:
       names: One name per gradient.
       scale: Returns the loss scale the gradients were computed with.
-      reading: Returns the reading of the gradients that the step's verdict
-        came from (`tf_loss_scale.distribute.read`), whose flags the report
-        keeps: they are not read again.
+      reading: Returns the step verdict's `distribute.Reading`, whose flags
+        the report keeps (the gradients are not read again).
 
     Returns:
-      A function that writes the report and returns its op (graph), or None
-      eagerly.
+      A function that writes the report: its op in a graph, None eagerly.
     """
     site = self._site(tuple(names))
 
@@ -293,12 +257,10 @@ class StepRecord:
     return _read_or(self._counts['last_step_skipped'], False)
 
   def describe(self) -> tf.Tensor:
-    """The latest report as a string tensor, for messages built in a graph.
+    """The latest report as a string tensor, for collapse messages.
 
-    Returns:
-      A string scalar: `' The last skipped step: '` and the report as
-      `str(SkipReport)` words it, then `NAN_NOTE` when its cause is a NaN;
-      empty with no report.
+    `' The last skipped step: '`, the report as `str(SkipReport)` words it,
+    then `NAN_NOTE` for a NaN; empty with no report.
     """
     report = self._read_report()
     step = tf.cast(report[_SKIP_STEP], tf.int64)
@@ -327,14 +289,7 @@ class StepRecord:
     return tf.where(step >= 0, text, '')
 
   def read(self, session: Any = None) -> Optional[SkipReport]:
-    """The latest report, read eagerly or through `session` (TF1 graph).
-
-    Args:
-      session: The session that runs the step, for a record built in a TF1
-        graph; ignored otherwise.
-
-    Returns:
-      The latest report, or None before any skipped step.
+    """The latest report (None before any skip); in a TF1 graph via `session`.
 
     Raises:
       ValueError: For a record built in a TF1 graph, without a session or
@@ -362,20 +317,16 @@ class StepRecord:
     if report[_SKIP_STEP] < 0:
       return None
     site_index = int(report[_SKIP_SITE])
-    site, (nan_flags, inf_flags) = sites[site_index], flags[site_index]
-    nan = tuple(n for n, flag in zip(site.names, nan_flags) if flag)
-    inf = tuple(n for n, flag in zip(site.names, inf_flags) if flag)
+    nan, inf = (tuple(n for n, flag in zip(sites[site_index].names, row)
+                      if flag) for row in flags[site_index])
     return SkipReport(step=int(report[_SKIP_STEP]),
                       loss_scale=float(report[_SKIP_SCALE]), nan=nan,
                       inf=inf, cause=NAN if nan else OVERFLOW)
 
 
 def _run_without_hooks(session: Any, fetches: Any) -> Any:
-  """Runs `fetches` once, without the hooks of a `MonitoredSession`.
-
-  A read of the report is not a training step: the hooks (a step counter,
-  `LossScaleHook`) must not see it. One run reads one consistent record.
-  """
+  """Runs `fetches` once, without a `MonitoredSession`'s hooks: a read of
+  the report is no training step. One run reads one consistent record."""
   run_step_fn = getattr(session, 'run_step_fn', None)
   if run_step_fn is None:
     return session.run(fetches)
@@ -387,14 +338,6 @@ NAN_NOTE = (' A NaN is not an overflow: no loss scale will cure it. Look for '
             'its source in the model, the loss or the inputs.')
 
 
-def note_for(report: Optional[SkipReport]) -> str:
-  """The sentences a collapse message adds about `report` (eagerly)."""
-  if report is None:
-    return ''
-  return f' The last skipped step: {report}.' + (
-      NAN_NOTE if report.cause == NAN else '')
-
-
 def _listed(prefix: str, names: Tuple[str, ...], flags: tf.Tensor
            ) -> tf.Tensor:
   if not names:
@@ -402,9 +345,6 @@ def _listed(prefix: str, names: Tuple[str, ...], flags: tf.Tensor
   found = tf.boolean_mask(tf.constant(names, tf.string), flags)
   return tf.where(tf.reduce_any(flags), tf.strings.join(
       [prefix, tf.strings.reduce_join(found, separator=', ')]), '')
-
-
-# ---- variables ----------------------------------------------------------------
 
 
 # The name scope of the record's variables in a TF1 graph: the library's

@@ -6,7 +6,8 @@ before TensorFlow loads), `apis` (which API works here), `data` (digits),
 `record` (what a run records each step), `measure` (flushed gradients and
 their magnitudes), `report` (progress bar, table and the commands to look
 further), `results` (a run's results and results.json), `plot` (PNG),
-`quiet` (TensorFlow's log to a file), `runner` (the whole demo).
+`quiet` (TensorFlow's log to a file), `runner` (the whole demo), `cli`
+(the command's arguments).
 
 Each API module has `train(kind, name, config, digits, batches, log_dir,
 checkpoint_dir, stream) -> results.RunResult`: it trains and evaluates the
