@@ -23,8 +23,7 @@ from typing import Any
 from tf_loss_scale import lazy as _lazy
 
 _lazy_getattr, __dir__ = _lazy.attributes(__name__, {
-    'LossScaleOptimizer': (f'{__name__}.loss_scale_optimizer',
-                           'LossScaleOptimizer'),
+    'LossScaleOptimizer': (f'{__name__}.keras3', 'LossScaleOptimizer'),
     'experimental': (f'{__name__}.experimental', None),
     'mixed_precision': (f'{__name__}.mixed_precision', None),
 }, globals())
@@ -33,7 +32,7 @@ _lazy_getattr, __dir__ = _lazy.attributes(__name__, {
 def __getattr__(name: str) -> Any:  # pylint: disable=invalid-name
   if name in ('LossScaleOptimizer', 'mixed_precision'):
     # Without Keras 3, say what works instead of failing inside the module.
-    importlib.import_module(f'{__name__}.families').require_keras3(
+    importlib.import_module(f'{__name__}.shared.families').require_keras3(
         f'{__name__}.{name}')
   return _lazy_getattr(name)
 

@@ -41,7 +41,7 @@ import weakref
 import tensorflow as tf
 
 from tf_loss_scale import private_api
-from tf_loss_scale.keras import keras3_support
+from tf_loss_scale.keras.shared import keras3_support
 
 # The names only Keras 3's wrapper saves: a node holding one was written by
 # Keras's class (or by this one).

@@ -1,10 +1,11 @@
 """`LossScaleOptimizer(optimizer, loss_scale)`: the TF 2.0-2.3 Keras form.
 
-Constructing it makes the class for the inner optimizer's family
-(`class_for`: `experimental_keras3`, or `experimental_keras2`'s legacy and
-new classes), a subclass of this one and of that Keras's optimizer bases, so
-its `compile` keeps it. This module imports no Keras. What every family
-shares is here, with the forwarding rule:
+Constructing it makes the class for the inner optimizer's family (picked by
+the package, `tf_loss_scale.keras.experimental`: `keras3.py`, or
+`keras2.py`'s legacy and new classes), a subclass of this one and of that
+Keras's optimizer bases, so its `compile` keeps it. This module imports no
+Keras, nor the families' modules. What every family shares is here, with
+the forwarding rule:
 
   The wrapper's state is the inner optimizer and the loss scale. The names
   in `forwarded_names(inner)` are read and written on the inner optimizer;
@@ -22,15 +23,14 @@ from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
 from tf_loss_scale import guards
-from tf_loss_scale import lazy
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale import step_record
-from tf_loss_scale.keras import families
-from tf_loss_scale.keras import protocols
-from tf_loss_scale.keras import tf2_members
+from tf_loss_scale.keras.shared import families
+from tf_loss_scale.keras.shared import protocols
+from tf_loss_scale.keras.shared import tf2_members
 
 LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
                           Dict[str, Any]]
@@ -96,10 +96,13 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   optimizer's, and so is the checkpoint, plus a `loss_scale` dependency (TF
   2.3's layout). `apply_gradients` takes unscaled gradients, but in the
   step of a `scale_loss` (Keras 3's `fit`); `apply`, gradients of the
-  scaled loss (`tf_loss_scale.keras.protocols`).
+  scaled loss (`tf_loss_scale.keras.shared.protocols`).
   See docs/migrating_tf23.md.
   """
 
+  # The class for an inner optimizer's family: set by the package, which
+  # imports each family's module on first use.
+  _class_for: Callable[[families.Family], type]
   # Each family's class sets these.
   _keras = None  # The family's Keras API namespace.
   _kind = None  # One of families.KINDS.
@@ -109,7 +112,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     del args, kwargs  # For __init__.
     if cls is LossScaleOptimizer:
       guards.check_family(optimizer, guards.EXPERIMENTAL_FORM)
-      cls = class_for(families.family_of(optimizer))
+      cls = cls._class_for(families.family_of(optimizer))
     elif cls._kind is None:
       raise TypeError(
           f'{cls.__name__} subclasses LossScaleOptimizer, whose class is '
@@ -353,35 +356,3 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                                          custom_objects=custom_objects,
                                          **options)
     return LossScaleOptimizer(inner, config['loss_scale'])
-
-
-def class_for(family: families.Family) -> type:
-  """The wrapper class for an inner optimizer of `family`."""
-  # pylint: disable=g-import-not-at-top
-  if family.kind == families.KERAS3:
-    from tf_loss_scale.keras import experimental_keras3
-    return experimental_keras3.LossScaleOptimizer
-  from tf_loss_scale.keras import experimental_keras2
-  legacy, new = experimental_keras2.classes_for(family.keras)
-  return legacy if family.kind == families.KERAS2_LEGACY else new
-
-
-def _register_for_loaded_keras2() -> None:
-  # Keras 2 restores an optimizer from an HDF5 file or a SavedModel by its
-  # registered name: importing this module is what makes the Keras 2 classes
-  # known to the Keras 2 packages already imported (tf.keras on TensorFlow
-  # <= 2.15), before any optimizer is wrapped in this process.
-  keras2 = [keras for keras in families.loaded_namespaces()
-            if families.is_keras2(keras)]
-  if keras2:
-    from tf_loss_scale.keras import experimental_keras2  # pylint: disable=g-import-not-at-top
-    for keras in keras2:
-      experimental_keras2.classes_for(keras)
-
-
-_register_for_loaded_keras2()
-
-# TF 2.3's policy names, imported on first use (they need Keras).
-POLICY_NAMES = ('Policy', 'set_policy', 'global_policy', 'get_layer_policy')
-__getattr__, __dir__ = lazy.attributes(__name__, {
-    name: (f'{__name__}_policy', name) for name in POLICY_NAMES}, globals())

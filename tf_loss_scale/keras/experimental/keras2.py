@@ -17,9 +17,9 @@ import tensorflow as tf
 from tf_loss_scale import execution
 from tf_loss_scale import private_api
 from tf_loss_scale import loss_scale as loss_scale_lib
-from tf_loss_scale.keras import experimental
-from tf_loss_scale.keras import families
-from tf_loss_scale.keras import slots
+from tf_loss_scale.keras.experimental import base
+from tf_loss_scale.keras.shared import families
+from tf_loss_scale.keras.shared import slots
 
 _PACKAGE = 'tf_loss_scale.experimental'
 # One (legacy, new) pair of classes per Keras 2 optimizer base class.
@@ -51,11 +51,11 @@ def _subclass(name: str, family: type, keras_bases: Tuple[type, ...],
                                                  name=name)(cls)
 
 
-class _Keras2(experimental.LossScaleOptimizer):
+class _Keras2(base.LossScaleOptimizer):
   """What Keras 2's `mixed_precision.LossScaleOptimizer` offers, from ours."""
 
   def __init__(self, optimizer: Any,
-               loss_scale: experimental.LossScaleArgument):
+               loss_scale: base.LossScaleArgument):
     super().__init__(optimizer, loss_scale)
     if execution.in_tf1_graph():  # `fit` initialises the scale, as TF 2.3's.
       private_api.track_in_keras2_session(self._keras,

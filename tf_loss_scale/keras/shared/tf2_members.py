@@ -28,8 +28,8 @@ import tensorflow as tf
 from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import private_api
-from tf_loss_scale.keras import families
-from tf_loss_scale.keras import slots
+from tf_loss_scale.keras.shared import families
+from tf_loss_scale.keras.shared import slots
 
 
 def settings_of(optimizer: Any) -> Tuple[FrozenSet[str], FrozenSet[str]]:
@@ -152,7 +152,7 @@ class InnerWeights:
 # TF 2.x's `tf.VariableAggregation` to Keras 3's names for it.
 def _aggregation_name(aggregation: Any) -> str:
   # Imported here: it refuses Keras 2, which the other mixins here serve.
-  from tf_loss_scale.keras import keras3_support  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras.shared import keras3_support  # pylint: disable=g-import-not-at-top
   name = getattr(aggregation, 'name', str(aggregation)).lower()
   if name == 'none' and not keras3_support.VARIABLES_TAKE_AGGREGATION_NONE:
     return 'mean'  # Keras's default, which reached TensorFlow as NONE.

@@ -21,7 +21,7 @@ no second EMA or accumulator copy of the model.
 Whose behaviour, one helper (`_follows_tf_keras`): this class is
 tf_keras's (`iterations` a `tf.Variable`, a dynamic scale floored at 1,
 `apply_gradients` taking the gradients as given but in a `fit` step
-(`tf_loss_scale.keras.protocols`), the settings forwarded, an optimizer
+(`tf_loss_scale.keras.shared.protocols`), the settings forwarded, an optimizer
 that another wrapper holds refused). The subclass `compat.install()` puts
 under Keras's name (`shared_name`) is Keras's `LossScaleOptimizer` in
 everything a Keras 3 program observes until the program calls a method of
@@ -40,11 +40,11 @@ import tensorflow as tf
 
 from tf_loss_scale import guards
 from tf_loss_scale import step
-from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import loss_scale_optimizer
-from tf_loss_scale.keras import protocols
-from tf_loss_scale.keras import tf2_members
-from tf_loss_scale.keras import tf_keras_checkpoints
+from tf_loss_scale.keras import keras3
+from tf_loss_scale.keras.mixed_precision import tf_keras_checkpoints
+from tf_loss_scale.keras.shared import keras3_support
+from tf_loss_scale.keras.shared import protocols
+from tf_loss_scale.keras.shared import tf2_members
 
 # TF 2.4-2.15's defaults for a dynamic scale.
 _INITIAL_SCALE = 2.0**15
@@ -67,7 +67,7 @@ _UNSET = object()
 class LossScaleOptimizer(protocols.TwoProtocols,
                          tf_keras_checkpoints.ReadsTfKerasLayout,
                          tf2_members.Keras3Members,
-                         loss_scale_optimizer.LossScaleOptimizer):
+                         keras3.LossScaleOptimizer):
   """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
 
   Custom loop, as written for TF 2.4-2.15:
@@ -83,7 +83,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   `apply_gradients` takes gradients of the scaled loss, as Keras's class,
   until TF 2.4-2.15's behaviour is asked for; then as given, but in the
   step of a `scale_loss` (`fit`); `apply` and `stateless_apply` take
-  gradients of the scaled loss (`tf_loss_scale.keras.protocols`). A fixed
+  gradients of the scaled loss (`tf_loss_scale.keras.shared.protocols`). A fixed
   scale (`dynamic=False`) applies every step, even a non-finite one, as TF
   2.4-2.15's did. Config
   and checkpoint layout are Keras's (tf_keras's configs and checkpoints are
@@ -399,7 +399,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
     Call it in a replica context (inside `strategy.run`, or with no
     strategy). The gradients are of the scaled loss, or as given once TF
-    2.4-2.15's behaviour is asked for (`tf_loss_scale.keras.protocols`).
+    2.4-2.15's behaviour is asked for (`tf_loss_scale.keras.shared.protocols`).
 
     TF 2.2+'s pattern "all-reduce, clip, then apply" passes
     `experimental_aggregate_gradients=False` (TF 2.4-2.10) or
@@ -642,7 +642,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                                            custom_objects=custom_objects)
     own = {name: config.pop(name) for name in _OWN_CONFIG if name in config}
     # Keras's config holds the base optimizer's settings at their defaults.
-    loss_scale_optimizer._without_base_optimizer_defaults(  # pylint: disable=protected-access
+    keras3._without_base_optimizer_defaults(  # pylint: disable=protected-access
         cls.__name__, config)
     return cls(inner, **own)
 

@@ -14,18 +14,18 @@ import keras
 import tensorflow as tf
 
 from tf_loss_scale import distribute
-from tf_loss_scale.keras import experimental
-from tf_loss_scale.keras import families
-from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import tf2_members
+from tf_loss_scale.keras.experimental import base
+from tf_loss_scale.keras.shared import families
+from tf_loss_scale.keras.shared import keras3_support
+from tf_loss_scale.keras.shared import tf2_members
 
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.experimental', name='LossScaleOptimizer')
 class LossScaleOptimizer(tf2_members.Keras3Members,
-                         experimental.LossScaleOptimizer,
+                         base.LossScaleOptimizer,
                          keras.optimizers.LossScaleOptimizer):
-  """`experimental.LossScaleOptimizer` around a Keras 3 optimizer."""
+  """`base.LossScaleOptimizer` around a Keras 3 optimizer."""
 
   _keras = keras
   _kind = families.KERAS3
@@ -54,7 +54,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
     return self.inner_optimizer.built
 
   def __init__(self, optimizer: Any,
-               loss_scale: experimental.LossScaleArgument):
+               loss_scale: base.LossScaleArgument):
     super().__init__(optimizer, loss_scale)
     # Read as TF 2.3's (`iterations` below), written as any forwarded name.
     object.__setattr__(self, '_forwarded_names',
@@ -65,7 +65,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
       if not hasattr(variable, 'path'):
         variable.path = f'loss_scale/{variable.name.partition(":")[0]}'
 
-  __init__.__doc__ = experimental.LossScaleOptimizer.__init__.__doc__
+  __init__.__doc__ = base.LossScaleOptimizer.__init__.__doc__
 
   @property
   def iterations(self) -> tf.Variable:
@@ -118,7 +118,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
 
     Call it in a replica context. As Keras 3's `apply` (which `fit` calls
     after `scale_loss`), it takes gradients of the scaled loss and unscales
-    them (`tf_loss_scale.keras.protocols`).
+    them (`tf_loss_scale.keras.shared.protocols`).
 
     Args:
       grads: One gradient per variable (None allowed).

@@ -22,8 +22,8 @@ from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale import step_record
 # First: refuses an unsupported Keras before anything subclasses Keras 3's.
-from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import protocols
+from tf_loss_scale.keras.shared import keras3_support
+from tf_loss_scale.keras.shared import protocols
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
@@ -342,7 +342,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
 
     Args:
       given_unscaled: Whether the apply took unscaled gradients (TensorFlow's
-        protocol, `tf_loss_scale.keras.protocols`).
+        protocol, `tf_loss_scale.keras.shared.protocols`).
     """
     del given_unscaled
 

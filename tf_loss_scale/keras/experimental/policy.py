@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
-from tf_loss_scale.keras import experimental
+from tf_loss_scale.keras.experimental import base
 
 _keras = tf.keras
 # Keras 3.3's layers take only its float (and quantized) policy class.
@@ -48,7 +48,7 @@ class Policy(_KerasPolicy):
       logging.warning('Policy %r computes in %s, which needs no loss_scale '
                       '(got %r).', name, self.compute_dtype, loss_scale)
     self._loss_scale = (None if loss_scale is None else
-                        experimental.loss_scale_from(loss_scale))
+                        base.loss_scale_from(loss_scale))
 
   @property
   def loss_scale(self) -> Optional[loss_scale_lib.LossScale]:
@@ -131,7 +131,7 @@ def compile_with_policy_loss_scale(
     if isinstance(policy, Policy) and policy.loss_scale is not None:
       optimizer = _keras.optimizers.get(optimizer)
       if not guards.is_loss_scale_optimizer(optimizer):
-        optimizer = experimental.LossScaleOptimizer(optimizer,
+        optimizer = base.LossScaleOptimizer(optimizer,
                                                     policy.loss_scale)
     elif isinstance(policy, Policy) and can_refuse_scaling:
       kwargs.setdefault('auto_scale_loss', False)
