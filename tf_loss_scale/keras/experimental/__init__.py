@@ -11,8 +11,6 @@ from tf_loss_scale.keras.experimental import base
 from tf_loss_scale.keras.shared import families
 
 LossScaleOptimizer = base.LossScaleOptimizer
-LossScaleArgument = base.LossScaleArgument
-loss_scale_from = base.loss_scale_from
 
 
 def class_for(family: families.Family) -> type:
