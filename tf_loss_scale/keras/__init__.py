@@ -1,20 +1,13 @@
 """Keras loss scale optimizers.
 
-Public API:
-  LossScaleOptimizer: the Keras 3 form (`inner_optimizer, initial_scale,
-    dynamic_growth_steps`), for `model.fit` and custom loops. Needs Keras 3
-    (TensorFlow 2.16 or later); elsewhere importing it raises an ImportError
-    that names the experimental form.
-  mixed_precision.LossScaleOptimizer: the TF 2.4-2.15 form
-    (`inner_optimizer, dynamic, initial_scale, dynamic_growth_steps`) with
-    `get_scaled_loss`/`get_unscaled_gradients`, on Keras 3 (where Keras 2
-    is, TensorFlow's own class is that form).
-  experimental.LossScaleOptimizer: the TF 2.0-2.3 form
-    (`optimizer, loss_scale`) with `get_scaled_loss`/`get_unscaled_gradients`,
-    around the optimizers of every Keras (Keras 3, and Keras 2 legacy and
-    new) on every TensorFlow 2.12-2.21.
-
-Both are imported on first use: `import tf_loss_scale.keras` loads no Keras.
+Public API, one place each, imported on first use (`import
+tf_loss_scale.keras` loads no Keras); what they share is in `shared/`:
+  LossScaleOptimizer (`keras3.py`): the Keras 3 form, `(inner_optimizer,
+    initial_scale, dynamic_growth_steps)`. Needs Keras 3 (TensorFlow 2.16+);
+    elsewhere an ImportError names the experimental form.
+  mixed_precision.LossScaleOptimizer: the TF 2.4-2.15 form, on Keras 3.
+  experimental.LossScaleOptimizer: the TF 2.0-2.3 form, `(optimizer,
+    loss_scale)`, around the optimizers of every Keras.
 """
 
 import importlib

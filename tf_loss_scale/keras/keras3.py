@@ -72,11 +72,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
                          keras.optimizers.LossScaleOptimizer):
   """Dynamic loss scaling around a Keras 3 optimizer, as in Keras 3.
 
-  A drop-in for `keras.optimizers.LossScaleOptimizer`: same arguments,
-  config, variables and messages, so models, `.keras` files, state trees
-  and checkpoints move between the two classes both ways. A skipped step
-  changes no model or inner optimizer variable and halves the scale;
-  `dynamic_growth_steps` finite steps in a row double it.
+  A drop-in for `keras.optimizers.LossScaleOptimizer` (same arguments,
+  config, variables, messages and files, both ways). A skipped step changes
+  no variable but halves the scale; `dynamic_growth_steps` finite steps in
+  a row double it.
 
   Custom loop:
 
@@ -98,22 +97,20 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     """Wraps `inner_optimizer`.
 
     Args:
-      inner_optimizer: The Keras 3 optimizer that applies the gradients. Its
-        `loss_scale_factor` is set to None, as Keras's class does.
+      inner_optimizer: The Keras 3 optimizer that applies the gradients (its
+        `loss_scale_factor` is set to None, as by Keras's class).
       initial_scale: The first loss scale, a finite number of at least 1.
       dynamic_growth_steps: Finite steps in a row after which the scale
         doubles, an integer of at least 1.
       name: The optimizer's name.
-      **kwargs: As Keras's class: `dynamic=True`, and the base optimizer
-        arguments only at their defaults (as found in old configs).
+      **kwargs: `dynamic=True`, and base optimizer arguments at defaults.
 
     Raises:
       TypeError: If `inner_optimizer` is not a Keras 3 optimizer, or a
         number is of the wrong type.
-      ValueError: With Keras's messages for `dynamic=False`, a base optimizer
-        argument (set it on the inner optimizer) or an unknown argument; for
-        an out of range number, an inner optimizer that is a loss scale
-        optimizer or is already wrapped; or under an unsupported strategy.
+      ValueError: With Keras's messages for `dynamic=False`, a base
+        optimizer argument or an unknown one; for an out of range number, an
+        inner optimizer already wrapped; under an unsupported strategy.
     """
     guards.check_new_wrapper(inner_optimizer, self._FORM, self,
                              exclusive=self._wraps_exclusively())
@@ -179,15 +176,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     return self._monitor.last_step_skipped()
 
   def check_finite(self, grads: Sequence[Any]) -> tf.Tensor:
-    """Tells whether every gradient is finite (None entries are ignored).
-
-    Args:
-      grads: A list of gradients.
-
-    Returns:
-      A scalar bool tensor. In a replica context of a strategy, the same on
-      every replica, and False also when the sum across replicas overflows.
-    """
+    """Whether each gradient's sum across replicas is finite (bool tensor)."""
     return distribute.read(list(grads)).finite
 
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
@@ -211,8 +200,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
             trainable_variables: Optional[Sequence[Any]] = None) -> None:
     """Applies the gradients of the scaled loss if they are finite.
 
-    Call it in a replica context (inside `strategy.run`, or with no
-    strategy), as Keras's class requires.
+    Call it in a replica context, as Keras's class requires.
 
     Args:
       grads: One gradient per variable (None allowed), of the scaled loss.
@@ -220,20 +208,16 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
 
     Raises:
       ValueError: In a cross-replica context, under an unsupported strategy,
-        or when the optimizer's variables were not created in the current
-        strategy's scope.
+        or for variables made outside the current strategy's scope.
     """
     self._apply(grads, trainable_variables)
 
-  # Whether, on a step of TensorFlow's protocol (unscaled gradients), the
-  # inner optimizer gets the gradients summed across replicas (then it clips
-  # the sums), or each replica's, which it sums itself after clipping them,
-  # as under Keras's class.
+  # Whether, on a step of unscaled gradients, the inner optimizer gets their
+  # sums across replicas (and clips the sums), or each replica's, as under
+  # Keras's class.
   _INNER_GETS_SUMS = False
-  # Whether, when the inner optimizer sums each replica's gradients, the
-  # step still decides on the exact sums (`step.apply_step`), as Keras's
-  # class applies any finite sum, at the cost of one more all-reduce; this
-  # class decides on a bound (docs/differences.md).
+  # Whether the step decides on the exact sums when the inner optimizer sums
+  # (one more all-reduce), or on a bound (docs/differences.md).
   _DECIDES_ON_SUMS = False
 
   def _apply(self, grads: Sequence[Any],
@@ -276,22 +260,20 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       trainable_variables: Sequence[Any]) -> Tuple[List[Any], List[Any]]:
     """Computes one step from values; assigns nothing of this optimizer.
 
-    Keras's stateless pattern, on the TensorFlow backend too: the inner
-    optimizer's update runs on a copy of it (with its current settings)
-    over scratch variables loaded with the given values.
+    On the TensorFlow backend too: the inner optimizer's update runs on a
+    copy of it over scratch variables loaded with the given values.
 
     Args:
       optimizer_variables: Values for `self.variables`, in that order.
       grads: Gradients of the scaled loss, one per trainable variable.
-      trainable_variables: Values for the variables the optimizer was built
-        with, in that order.
+      trainable_variables: Values for the variables it was built with.
 
     Returns:
       `(new_trainable_values, new_optimizer_values)`.
 
     Raises:
-      ValueError: If the optimizer is not built, the lists have the wrong
-        lengths, or a strategy is in use.
+      ValueError: Unbuilt, for lists of the wrong lengths, or under a
+        strategy.
     """
     if not self.built:
       raise ValueError(
@@ -369,12 +351,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
                  ) -> 'LossScaleOptimizer':
     """Recreates the optimizer from `get_config()` of this class or Keras's.
 
-    Args:
-      config: The config (not modified).
-      custom_objects: Names to classes, for a custom inner optimizer.
-
-    Returns:
-      A new, unbuilt `LossScaleOptimizer`.
+    Args and return value as Keras's; `config` is not modified.
     """
     return super().from_config(dict(config), custom_objects=custom_objects)
 

@@ -65,12 +65,10 @@ def forwarded_names(inner_optimizer: Any,
 
   Args:
     inner_optimizer: Any Keras optimizer.
-    inner_methods: The Keras base-class methods that are the inner
-      optimizer's.
+    inner_methods: Names of the wrapper's Keras bases that are the inner's.
 
   Returns:
-    Its settings (`tf2_members.settings_of`), TF 2.3's forwarded names and
-    `inner_methods`.
+    Its settings, TF 2.3's forwarded names and `inner_methods`.
   """
   settings, _ = tf2_members.settings_of(inner_optimizer)
   return settings | _TF23_FORWARDED | frozenset(inner_methods)
@@ -92,12 +90,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   ```
 
   A step whose gradients (summed across replicas) are not all finite is
-  skipped; `iterations` counts every call. Everything else is the inner
-  optimizer's, and so is the checkpoint, plus a `loss_scale` dependency (TF
-  2.3's layout). `apply_gradients` takes unscaled gradients, but in the
-  step of a `scale_loss` (Keras 3's `fit`); `apply`, gradients of the
-  scaled loss (`tf_loss_scale.keras.shared.protocols`).
-  See docs/migrating_tf23.md.
+  skipped; `iterations` counts every call. The checkpoint is the inner
+  optimizer's plus a `loss_scale` dependency (TF 2.3's layout). Which
+  gradients each apply takes: `shared/protocols.py`. See
+  docs/migrating_tf23.md.
   """
 
   # The class for an inner optimizer's family: set by the package, which
@@ -132,9 +128,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
     Raises:
       TypeError: If `optimizer` is not a Keras optimizer.
-      ValueError: If `optimizer` is a loss scale optimizer or already
-        wrapped, `loss_scale` is None or not one of the above, or under an
-        unsupported strategy.
+      ValueError: If `optimizer` is already wrapped, `loss_scale` is none of
+        the above, or under an unsupported strategy.
     """
     guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, self,
                              loss_scale)
@@ -245,11 +240,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
     Args:
       loss: A zero-argument callable returning the loss, or a loss tensor
-        recorded by `tape`.
+        recorded by `tape` (then required).
       var_list: The variables to train, or a callable returning them.
       grad_loss: Optional gradient of the loss.
       name: Passed to `apply_gradients`.
-      tape: The tape that recorded `loss` (required for a tensor loss).
+      tape: The tape that recorded `loss`.
 
     Returns:
       What `apply_gradients` returns.
@@ -272,16 +267,12 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
     Args:
       grads: One gradient per variable (unscaled unless `method` says so).
-      apply_inner: Applies a list of gradients like `grads` with the inner
-        optimizer, in a replica context.
-      inner_sums: Whether `apply_inner` sums the gradients across replicas
-        itself; otherwise the step sums them once, decides on the sums and
-        hands them to `apply_inner`, which must not sum them again.
-      summed: Whether `grads` are sums the caller made: the step decides on
-        them as they are and `apply_inner` applies them, summing nothing.
-      variables: The gradients' variables, to name them in a skip report.
-      method: As `protocols.TwoProtocols._scaled_flags` takes it: `apply`
-        for gradients of the scaled loss, None for unscaled ones.
+      apply_inner: Applies such a list with the inner optimizer.
+      inner_sums: Whether `apply_inner` sums across replicas itself;
+        otherwise the step sums once and hands it the sums.
+      summed: Whether `grads` are already sums (nothing is summed).
+      variables: The gradients' variables, for the skip report.
+      method: As `protocols.TwoProtocols._scaled_flags` takes it.
 
     Returns:
       In a TF1 graph, one op that runs the step; None otherwise.
@@ -327,11 +318,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                   custom_objects: Optional[Dict[str, Any]] = None) -> Any:
     """Recreates the optimizer (without its state) from `get_config()`.
 
-    A config without a family (TF 2.3's) is of the Keras `tf.keras` is.
-
     Args:
-      config: The output of `get_config()`, or TF 2.3's `{'optimizer':
-        <serialized optimizer>, 'loss_scale': <serialized LossScale>}`.
+      config: `get_config()`, or TF 2.3's (no family: `tf.keras`'s).
       custom_objects: Names to classes, for a custom inner optimizer.
 
     Returns:

@@ -100,14 +100,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
     self._set_held_weights()
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
-    """Tells whether every gradient is finite, summed across replicas.
-
-    Args:
-      grads: A list of gradients (None entries are ignored).
-
-    Returns:
-      A scalar bool tensor, the same on every replica.
-    """
+    """Whether each gradient's sum across replicas is finite (bool tensor)."""
     return distribute.read(list(grads)).finite
 
   # ---- the step -----------------------------------------------------------
@@ -116,14 +109,12 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
             trainable_variables: Optional[Sequence[Any]] = None) -> None:
     """Applies gradients of the scaled loss if their sums are all finite.
 
-    Call it in a replica context. As Keras 3's `apply` (which `fit` calls
-    after `scale_loss`), it takes gradients of the scaled loss and unscales
-    them (`tf_loss_scale.keras.shared.protocols`).
+    Call it in a replica context, as Keras 3's `apply` (`fit` calls it after
+    `scale_loss`).
 
     Args:
       grads: One gradient per variable (None allowed).
-      trainable_variables: The variables; optional once the optimizer is
-        built, required the first time.
+      trainable_variables: The variables; required the first time.
 
     Raises:
       ValueError: In a cross-replica context, under an unsupported strategy,
@@ -160,17 +151,17 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
     """Applies the gradients if their sums are all finite.
 
     Args:
-      grads_and_vars: `(gradient, variable)` pairs, as `apply` takes them.
+      grads_and_vars: `(gradient, variable)` pairs.
       name: Optional name scope for the ops.
-      experimental_aggregate_gradients: Must be True: Keras 3 optimizers
-        always sum the gradients across replicas.
+      experimental_aggregate_gradients: Must be True (Keras 3 optimizers
+        always sum across replicas).
 
     Returns:
       The `iterations` variable.
 
     Raises:
-      ValueError: If `experimental_aggregate_gradients` is False, or in a
-        cross-replica context.
+      ValueError: If `experimental_aggregate_gradients` is False, or as
+        `apply`.
     """
     if not experimental_aggregate_gradients:
       raise ValueError(

@@ -97,19 +97,14 @@ def compile_with_policy_loss_scale(
 ) -> Callable[..., Any]:
   """Wraps `Model.compile` to apply the loss scale of the model's `Policy`.
 
-  As TF 2.3's did: the optimizer of a model whose `Policy` has a loss scale
-  is wrapped in the experimental `LossScaleOptimizer` with it, unless it is
-  a loss scale optimizer; with a `Policy` without one, Keras 3 is told not
-  to add its own.
-
-  With `tf24_form` (on Keras 3, where `compat.install()` names it
-  `tf.keras.mixed_precision.LossScaleOptimizer`), a Keras
-  `LossScaleOptimizer` that `compile` itself made (under `mixed_float16`)
-  is replaced by `tf24_form` with the same inner optimizer, settings and
-  name: code of TF 2.4-2.15 asks whether the compiled optimizer is an
-  instance of that name, and would otherwise take its branch for a model
-  without loss scaling. Keras records the optimizer it was given in the
-  model's compile config, so saved models do not name `tf24_form`.
+  As TF 2.3's: the optimizer of a model whose `Policy` has a loss scale is
+  wrapped in the experimental `LossScaleOptimizer` with it, unless it is a
+  loss scale optimizer; with a `Policy` without one, Keras 3 is told not to
+  add its own. With `tf24_form`, a Keras `LossScaleOptimizer` that
+  `compile` made (under `mixed_float16`) is replaced by `tf24_form` with
+  the same inner optimizer, settings and name, so that TF 2.4-2.15 code
+  asking `isinstance` of that name takes its loss scale branch (saved
+  models still name the optimizer given to `compile`).
 
   Args:
     compile_fn: The `compile` to wrap, a function taking the model first.
@@ -131,8 +126,7 @@ def compile_with_policy_loss_scale(
     if isinstance(policy, Policy) and policy.loss_scale is not None:
       optimizer = _keras.optimizers.get(optimizer)
       if not guards.is_loss_scale_optimizer(optimizer):
-        optimizer = base.LossScaleOptimizer(optimizer,
-                                                    policy.loss_scale)
+        optimizer = base.LossScaleOptimizer(optimizer, policy.loss_scale)
     elif isinstance(policy, Policy) and can_refuse_scaling:
       kwargs.setdefault('auto_scale_loss', False)
     result = compile_fn(model, optimizer, *args, **kwargs)
