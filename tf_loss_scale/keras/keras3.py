@@ -140,10 +140,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     return True
 
   def _scale_floor(self) -> Optional[float]:
-    """The floor: the lowest `initial_scale` taken, never gone below.
-
-    1 for this class; None (no floor) for a subclass that has none.
-    """
+    """The lowest scale taken and kept (None: no floor, for a subclass)."""
     return 1.0
 
   def build(self, var_list: Sequence[Any]) -> None:
@@ -159,7 +156,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     # The skip report's flags, one per variable, made now so that they are
     # not created while Keras traces its train function.
     self._monitor.create(step_record.gradient_names(var_list))
-    self._scratch.remember_build(var_list)
+    self._scratch.built_with = list(var_list)
 
   def _saved_model_only_children(self) -> Dict[str, Any]:
     # A traced `apply` captures the record, which checkpoints leave out.
@@ -183,11 +180,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     """Multiplies a loss by the current scale (`initial_scale` before build).
 
     Args:
-      loss: A loss tensor (the scale is cast to its dtype), or a
-        zero-argument callable returning one.
+      loss: A loss tensor, or a zero-argument callable returning one.
 
     Returns:
-      The scaled loss, or for a callable a callable returning it.
+      The scaled loss (in its dtype), or a callable returning it.
     """
     return gradients.scale_loss(loss, self._current_scale())
 
@@ -200,15 +196,13 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
             trainable_variables: Optional[Sequence[Any]] = None) -> None:
     """Applies the gradients of the scaled loss if they are finite.
 
-    Call it in a replica context, as Keras's class requires.
-
     Args:
       grads: One gradient per variable (None allowed), of the scaled loss.
       trainable_variables: The variables; optional once built.
 
     Raises:
-      ValueError: In a cross-replica context, under an unsupported strategy,
-        or for variables made outside the current strategy's scope.
+      ValueError: In a cross-replica context (as Keras's class), under an
+        unsupported strategy, or for variables made outside its scope.
     """
     self._apply(grads, trainable_variables)
 
@@ -322,9 +316,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   def _on_skipped_step(self, given_unscaled: bool) -> Any:
     """Runs once, cross-replica, on a skipped step: Keras's counts nothing.
 
-    Args:
-      given_unscaled: Whether the apply took unscaled gradients (TensorFlow's
-        protocol, `tf_loss_scale.keras.shared.protocols`).
+    `given_unscaled`: whether the apply took unscaled gradients.
     """
     del given_unscaled
 
@@ -333,9 +325,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
                     method: Optional[str] = 'apply') -> Optional[List[bool]]:
     """Every gradient given to an apply is of the scaled loss, as Keras's.
 
-    `method` names the apply in messages; None is `apply_gradients`, the
-    one method whose gradients a subclass may take as given
-    (`protocols.TwoProtocols._scaled_flags`).
+    `method`: as `protocols.TwoProtocols._scaled_flags` takes it.
     """
     return protocols.scaled_flags(grads, variables,
                                   method or 'apply_gradients')
@@ -420,10 +410,6 @@ class _Scratch:
     self._layout = None
     self._copy = None
     self.built_with = []
-
-  def remember_build(self, var_list: Sequence[Any]) -> None:
-    """Records `build`'s model variables."""
-    self.built_with = list(var_list)
 
   def matching(self, inner: keras.optimizers.Optimizer,
                model_variables: List[Any]) -> '_ScratchCopy':
@@ -512,12 +498,10 @@ def _settings(config: Dict[str, Any]) -> Dict[str, Any]:
 
 def _refuse_overwritten_on_replicas(variables: Sequence[Any],
                                     where: str) -> None:
-  """Refuses sums for variables Keras overwrites with their "gradient".
+  """Refuses, under several replicas, sums for `overwrite_with_gradient`.
 
-  Raises:
-    ValueError: Under several replicas, if a variable has
-      `overwrite_with_gradient` (float8 scaling factors): each replica's
-      value, not a sum, is what Keras assigns to it.
+  Keras assigns each replica's "gradient" (a float8 scaling factor) to such
+  a variable: a sum would multiply it.
   """
   if not tf.distribute.has_strategy() or (
       tf.distribute.get_strategy().num_replicas_in_sync == 1):

@@ -1,16 +1,13 @@
 """`LossScaleOptimizer(optimizer, loss_scale)`: the TF 2.0-2.3 Keras form.
 
-Constructing it makes the class for the inner optimizer's family (picked by
-the package, `tf_loss_scale.keras.experimental`: `keras3.py`, or
-`keras2.py`'s legacy and new classes), a subclass of this one and of that
-Keras's optimizer bases, so its `compile` keeps it. This module imports no
-Keras, nor the families' modules. What every family shares is here, with
-the forwarding rule:
-
-  The wrapper's state is the inner optimizer and the loss scale. The names
-  in `forwarded_names(inner)` are read and written on the inner optimizer;
-  writing one held in a variable with no setter assigns the variable. Any
-  other name the wrapper lacks is an `AttributeError`, as in TF 2.3.
+Constructed, it is of its inner optimizer's family's class (picked by the
+package), a subclass of this one and of that Keras's optimizer bases, so
+its `compile` keeps it. This module imports no Keras and no family's
+module. What every family shares is here, with the forwarding rule: the
+wrapper's state is the inner optimizer and the loss scale; the names in
+`forwarded_names(inner)` are read and written on the inner optimizer (one
+held in a variable without a setter is assigned); any other name the
+wrapper lacks is an `AttributeError`, as in TF 2.3.
 """
 
 import copy
@@ -120,11 +117,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Wraps `optimizer`.
 
     Args:
-      optimizer: A Keras optimizer: Keras 3, or Keras 2 new or legacy
-        (`tf.keras.optimizers.*` of any TensorFlow 2.12-2.21, or `tf_keras`).
-      loss_scale: `'dynamic'` (a `DynamicLossScale` with its defaults), a
-        number (a fixed scale), a `LossScale`, or the output of
-        `tf_loss_scale.serialize`.
+      optimizer: A Keras optimizer: Keras 3, or Keras 2 new or legacy.
+      loss_scale: `'dynamic'` (a default `DynamicLossScale`), a number (a
+        fixed scale), a `LossScale`, or `tf_loss_scale.serialize`'s output.
 
     Raises:
       TypeError: If `optimizer` is not a Keras optimizer.
@@ -265,21 +260,13 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                   method: Optional[str] = None) -> Optional[tf.Operation]:
     """Runs the step on the gradients, in a replica context.
 
-    Args:
-      grads: One gradient per variable (unscaled unless `method` says so).
-      apply_inner: Applies such a list with the inner optimizer.
-      inner_sums: Whether `apply_inner` sums across replicas itself;
-        otherwise the step sums once and hands it the sums.
-      summed: Whether `grads` are already sums (nothing is summed).
-      variables: The gradients' variables, for the skip report.
-      method: As `protocols.TwoProtocols._scaled_flags` takes it.
-
-    Returns:
-      In a TF1 graph, one op that runs the step; None otherwise.
-
-    Raises:
-      ValueError: In a cross-replica context or under an unsupported
-        strategy.
+    `apply_inner` applies a list like `grads` with the inner optimizer; if
+    `inner_sums`, it sums across replicas itself, else the step sums once
+    and hands it the sums; `summed`: `grads` are sums already. `variables`
+    name the gradients in a skip report; `method` is as
+    `protocols.TwoProtocols._scaled_flags` takes it. Returns, in a TF1
+    graph, one op that runs the step (None otherwise); raises ValueError in
+    a cross-replica context or under an unsupported strategy.
     """
     where = f'{_NAME}.apply_gradients()'
     guards.check_step(where, [self._loss_scale, self.inner_optimizer])

@@ -78,21 +78,13 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
 
   @property
   def variables(self) -> tf2_members.CallableList:
-    """The loss scale's variables, then the inner optimizer's.
-
-    Keras's `save_own_variables` and HDF5 files keep this list. Called,
-    `variables()` is TF 2.3's: `weights`, the inner optimizer's variables
-    but its learning rate.
-    """
+    """The loss scale's variables, then the inner's; called, TF 2.3's."""
     return tf2_members.CallableList(
         list(self.loss_scale.variables) + list(self.inner_optimizer.variables),
         called=self.weights)
 
   def build(self, var_list: Sequence[Any]) -> None:
-    """Creates the inner optimizer's variables for `var_list`.
-
-    For no variables, builds nothing (`tf2_members.Keras3Members.build`).
-    """
+    """Creates the inner optimizer's variables for `var_list` (if any)."""
     var_list = list(var_list)
     if self.inner_optimizer.built or not var_list:
       return

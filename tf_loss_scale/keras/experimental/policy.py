@@ -33,8 +33,7 @@ class Policy(_KerasPolicy):
     Args:
       name: A Keras policy name, e.g. `'mixed_float16'` or `'float32'`.
       loss_scale: `'auto'` (`'dynamic'` for `'mixed_float16'`, else None),
-        None, `'dynamic'`, a number (fixed), a `LossScale` (kept as it is)
-        or a serialized one. `Model.compile` trains with it.
+        None, or as the experimental `LossScaleOptimizer` takes it.
 
     Raises:
       TypeError, ValueError: If `name` or `loss_scale` is none of these.
@@ -109,11 +108,10 @@ def compile_with_policy_loss_scale(
   Args:
     compile_fn: The `compile` to wrap, a function taking the model first.
     tf24_form: The class that replaces a compile-made Keras 3
-      `LossScaleOptimizer`, or None to keep Keras's.
+      `LossScaleOptimizer`, or None.
 
   Returns:
-    The wrapping function, to be set as `compile` on the class that
-    defines `compile_fn`.
+    The wrapper, for the class that defines `compile_fn`.
   """
   can_refuse_scaling = 'auto_scale_loss' in inspect.signature(
       compile_fn).parameters

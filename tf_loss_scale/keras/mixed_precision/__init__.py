@@ -29,6 +29,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from tf_loss_scale import distribute
 from tf_loss_scale import guards
 from tf_loss_scale import step
 from tf_loss_scale.keras import keras3
@@ -364,10 +365,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                       **kwargs: Any) -> Any:
     """Applies the gradients if they are all finite; moves the scale.
 
-    Call it in a replica context. The gradients are of the scaled loss, or
-    as given once TF 2.4-2.15's behaviour is asked for (`shared/protocols.py`).
-    Gradients already summed across replicas ("all-reduce, clip, then
-    apply") are decided on as they are and applied exactly.
+    Call it in a replica context. Which gradients it takes:
+    `shared/protocols.py`; sums across replicas are applied exactly.
 
     Args:
       grads_and_vars: `(gradient, variable)` pairs.
@@ -401,8 +400,6 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                         tape: Optional[tf.GradientTape] = None
                        ) -> List[Tuple[Any, Any]]:
     """Gradients of `loss`, computed on the scaled loss and then unscaled.
-
-    TensorFlow's protocol: the next `apply_gradients` takes them as given.
 
     Args:
       loss: A zero-argument callable returning the loss, or a loss tensor
@@ -447,12 +444,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                tape: Optional[tf.GradientTape] = None) -> Any:
     """One step on `loss`: `compute_gradients`, then `apply_gradients`.
 
-    TF 2.4-2.10's arguments; a `tf.GradientTape` third (TF 2.11-2.15's
-    `tape`) is taken as `tape`.
-
     Args:
       loss, var_list, tape: As `compute_gradients`.
-      grad_loss: The gradient of the objective with respect to `loss`.
+      grad_loss: The gradient of the objective with respect to `loss`; a
+        `tf.GradientTape` here is TF 2.11-2.15's `tape`.
       name: As `apply_gradients`.
 
     Returns:
@@ -470,8 +465,17 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   def aggregate_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]
                          ) -> List[Tuple[Any, Any]]:
-    """TF 2.11-2.15's: the pairs with gradients summed across replicas."""
-    return tf2_members.aggregate_gradients(list(grads_and_vars))
+    """TF 2.11-2.15's: the pairs with gradients summed across replicas.
+
+    Args:
+      grads_and_vars: `(gradient, variable)` pairs, in a replica context.
+
+    Returns:
+      The pairs, each gradient summed across replicas.
+    """
+    pairs = list(grads_and_vars)
+    sums = distribute.all_reduce_in_replica([g for g, _ in pairs])
+    return list(zip(sums, [v for _, v in pairs]))
 
   def add_variable_from_reference(
       self, reference_variable: Any = None, name: Optional[str] = None,

@@ -1,12 +1,9 @@
 """Reading tf_keras's checkpoint layout into the wrapper of a Keras 3 optimizer.
 
-The wrapper saves Keras's layout, as `keras.optimizers.LossScaleOptimizer`
-does, so that a Keras 3 program writes the same file with and without
-`compat.install()`. It also reads tf_keras's: the inner optimizer's state on
-the optimizer's node (`_iterations`, `_learning_rate` unless a schedule,
-slot lists such as `_momentums/1`, and `_variables`: the step count, then
-the slots in creation order), plus `loss_scale/current_loss_scale` and
-`loss_scale/good_steps` when dynamic.
+The wrapper saves Keras's layout, as Keras's class, and reads tf_keras's
+too: the inner optimizer's state on the optimizer's node (`_iterations`,
+`_learning_rate`, slot lists such as `_momentums/1`, and `_variables`: the
+step count, then the slots in creation order), plus `loss_scale/*`.
 
 `_iterations`, `_learning_rate` and `_variables` mean the wrapper's own
 variables in Keras's layout and the inner optimizer's in tf_keras's (and in
@@ -190,12 +187,7 @@ class ReadsTfKerasLayout:
         if not any(v is counter for counter in counters)]
 
   def _refuse_other_variables(self) -> None:
-    """Refuses tf_keras's positions for an inner optimizer that differs.
-
-    Raises:
-      ValueError: For an inner optimizer whose variables differ from those
-        of its tf_keras namesake.
-    """
+    """Refuses tf_keras's positions for an inner optimizer that differs."""
     name = type(self.inner_optimizer).__name__
     if _from_keras(self.inner_optimizer) and (
         name in _OTHER_VARIABLES_THAN_TF_KERAS):

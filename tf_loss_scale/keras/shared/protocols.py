@@ -13,9 +13,8 @@ life:
   call that was `scale_loss` (a step of `fit`), and warns, as tf_keras's
   class did, when `get_scaled_loss` or `get_unscaled_gradients` was never
   called.
-
-Nothing is consumed by an apply, so traced functions, replica threads and
-steps split across eager and traced code decide alike.
+Nothing is consumed by an apply: traced functions, replica threads and
+split steps decide alike.
 """
 
 import weakref
@@ -104,8 +103,7 @@ class TwoProtocols:
     """Divides gradients of a scaled loss by the current loss scale.
 
     Args:
-      grads: A list of gradients; `None` entries and `tf.IndexedSlices` are
-        kept as they are (slices rescaled, still sparse).
+      grads: A list of gradients (None kept; `tf.IndexedSlices` stay sparse).
 
     Returns:
       A new list of the same length, each gradient in its own dtype.
@@ -118,14 +116,10 @@ class TwoProtocols:
                     method: Optional[str] = None) -> Optional[List[bool]]:
     """`step.apply_step`'s `scaled` for one apply.
 
-    Args:
-      grads, variables: As `scaled_flags`.
-      method: `apply` or `stateless_apply` (always gradients of the scaled
-        loss), or None for `apply_gradients`.
-
-    Returns:
-      `scaled_flags` when the apply takes gradients of the scaled loss;
-      None when it takes them as given.
+    `method` is `apply` or `stateless_apply` (always gradients of the scaled
+    loss), or None for `apply_gradients`. Returns `scaled_flags` when the
+    apply takes gradients of the scaled loss; None when it takes them as
+    given.
     """
     if (method is not None or not self._follows_tensorflow() or
         self._scale_loss_in_this_graph()):

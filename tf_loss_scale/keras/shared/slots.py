@@ -174,11 +174,9 @@ class SlotTable:
 class SlotsByVariable:
   """TF 2.3's `get_slot`/`get_slot_names` for an inner optimizer without them.
 
-  A mixin placed before a wrapper's bases: it keeps a `SlotTable` of the
-  inner optimizer's slots, filled when the inner optimizer is built
-  (`build`, or `_build_inner`).
-  A class using it says how its Keras names slots in `_slot_naming`. Slots
-  are known by TF 2.x's names, and by the inner optimizer's.
+  A mixin before a wrapper's bases: a `SlotTable` of the inner optimizer's
+  slots, filled when it is built (`build`, `_build_inner`). A class using it
+  says how its Keras names slots in `_slot_naming`.
   """
 
   _slot_naming: SlotNaming

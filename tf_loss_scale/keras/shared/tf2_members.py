@@ -17,7 +17,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import private_api
 from tf_loss_scale.keras.shared import families
@@ -27,9 +26,8 @@ from tf_loss_scale.keras.shared import slots
 def settings_of(optimizer: Any) -> Tuple[FrozenSet[str], FrozenSet[str]]:
   """The settings an optimizer's constructor takes, and which are flags.
 
-  Read from the constructors' signatures, not `get_config()` (which
-  serializes a user's schedule, and may refuse or warn, in programs that
-  never save).
+  Read from the constructors' signatures: `get_config()` may refuse or warn
+  about a user's schedule in programs that never save.
 
   Args:
     optimizer: Any Keras optimizer.
@@ -239,8 +237,7 @@ class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
     """Unscaled gradients of `loss` for `params`, in a graph (as TF 2.x's).
 
     Args:
-      loss: A loss tensor of the current graph.
-      params: The variables.
+      loss, params: A loss tensor of the current graph, and the variables.
 
     Returns:
       One unscaled gradient per variable (None where `loss` has none).
@@ -274,17 +271,3 @@ class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
     params = list(params)
     grads = self.get_gradients(loss, params)
     return [self.apply_gradients(zip(grads, params))]
-
-
-def aggregate_gradients(grads_and_vars: Sequence[Any]) -> List[Any]:
-  """TF 2.11-2.15's: `(gradient, variable)` pairs, gradients summed.
-
-  Args:
-    grads_and_vars: `(gradient, variable)` pairs, in a replica context.
-
-  Returns:
-    The pairs, each gradient summed across replicas.
-  """
-  pairs = list(grads_and_vars)
-  sums = distribute.all_reduce_in_replica([g for g, _ in pairs])
-  return list(zip(sums, [v for _, v in pairs]))
