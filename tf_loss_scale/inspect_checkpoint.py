@@ -216,7 +216,7 @@ def _keras_of_family(path: str, family: str) -> Any:
   """The installed Keras of a family ('2' or '3'), its file classes known."""
   # Importing the library's Keras modules registers their classes for
   # deserialization.
-  for module in ('loss_scale_optimizer', 'experimental'):
+  for module in ('keras3', 'experimental'):
     try:
       importlib.import_module(f'tf_loss_scale.keras.{module}')
     except (AttributeError, ImportError):
