@@ -35,7 +35,7 @@ from packaging.requirements import Requirement
 
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SMOKE = os.path.join(_CHECKOUT, 'tests', 'keras_release_smoke.py')
-_SUPPORT = os.path.join(_CHECKOUT, 'tf_loss_scale', 'keras',
+_SUPPORT = os.path.join(_CHECKOUT, 'tf_loss_scale', 'keras', 'shared',
                         'keras3_support.py')
 _SKIPPED = 2  # The smoke script's exit status for a Keras that cannot run.
 _WITH_INSTALL = os.path.join(_CHECKOUT, '.ci', 'keras_tests_with_install.py')

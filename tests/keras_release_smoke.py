@@ -150,11 +150,12 @@ def check_fit() -> None:
   theirs = _fit_trajectory()
   _check_scale_moved(theirs['steps'])
   with _installed():
-    from tf_loss_scale.keras import shared_name  # pylint: disable=g-import-not-at-top
+    from tf_loss_scale.keras.mixed_precision import shared_name  # pylint: disable=g-import-not-at-top
     ours = _fit_trajectory()
   if ours['class'] is not shared_name.LossScaleOptimizer:
     raise AssertionError(f'compile made {ours["class"]} under install(), not '
-                         'tf_loss_scale.keras.shared_name.LossScaleOptimizer')
+                         'tf_loss_scale.keras.mixed_precision.shared_name.'
+                         'LossScaleOptimizer')
   _first_difference('fit (Keras\'s class, install()\'s)', theirs['steps'],
                     ours['steps'])
   # The class passed to compile by its mixed_precision name: compile must
@@ -326,7 +327,7 @@ def _model_state(model: Any) -> Dict[str, Any]:
 
 def _keras_files_both_ways(directory: str) -> None:
   """A `.keras` file of Keras's class read under install() and back."""
-  from tf_loss_scale.keras import shared_name  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras.mixed_precision import shared_name  # pylint: disable=g-import-not-at-top
   keras_class = keras.optimizers.LossScaleOptimizer
   with _policy('mixed_float16'):
     model = keras.Sequential([

@@ -241,7 +241,7 @@ def test_tf23_compile_fit_script_runs_unmodified_where_tf_keras_is_keras2():
 
 def test_tf23_compile_fit_script_runs_unmodified_under_keras_3():
   # Keras 3's fit calls scale_loss(), after which apply_gradients() takes
-  # the gradients of the scaled loss (tf_loss_scale/keras/protocols.py).
+  # the gradients of the scaled loss (tf_loss_scale/keras/shared/protocols.py).
   if not keras_families.tf_keras_can_be_keras3():
     pytest.skip(keras_families.KERAS3_ABSENT)
   run = _run_legacy_scripts(False)[_COMPILE_FIT]

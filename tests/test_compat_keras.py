@@ -283,7 +283,7 @@ def test_isinstance_train_step_trains_after_install_as_tf_keras_class_does():
 
 _COMPILE_MADE = '''
 import json, keras, tensorflow as tf, tf_loss_scale.compat as compat
-from tf_loss_scale.keras import shared_name as tf24
+from tf_loss_scale.keras.mixed_precision import shared_name as tf24
 
 def compiled(optimizer, **kwargs):
   model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])

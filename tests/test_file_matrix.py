@@ -18,7 +18,8 @@ after the next step must equal those of the run that never installed
 (which are the writer's, but for Keras's own .h5 bug, pinned): values are
 compared exactly, not restore statuses. The optimizer is Keras's class
 wherever install() did not run, and the class install() names
-(`tf_loss_scale.keras.shared_name`) wherever it did, for every kind.
+(`tf_loss_scale.keras.mixed_precision.shared_name`) wherever it did, for
+every kind.
 
 One exception, by design: under install(), an .h5 file's loss scale
 optimizer loads into that class, which keeps the optimizer's state that
@@ -45,7 +46,8 @@ _SIDES = {False: 'without', True: 'with'}
 # The optimizer's class: Keras's, and the one install() puts under its name
 # (which says it is Keras's: class_names.defining_name).
 _KERAS_CLASS = 'keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer'
-_INSTALLED_CLASS = 'tf_loss_scale.keras.shared_name.LossScaleOptimizer'
+_INSTALLED_CLASS = ('tf_loss_scale.keras.mixed_precision.shared_name.'
+                    'LossScaleOptimizer')
 _INNER_CLASSES = {'adam': 'keras.src.optimizers.adam.Adam',
                   'sgd_momentum': 'keras.src.optimizers.sgd.SGD',
                   'adamw_schedule': 'keras.src.optimizers.adamw.AdamW',
@@ -173,7 +175,7 @@ def test_the_classes_checked_have_names_of_their_own():
   # 2.4-2.15 class and its subclass install() puts under Keras's name.
   import keras  # pylint: disable=g-import-not-at-top
   from tf_loss_scale.keras import mixed_precision  # pylint: disable=g-import-not-at-top
-  from tf_loss_scale.keras import shared_name  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras.mixed_precision import shared_name  # pylint: disable=g-import-not-at-top
   assert [class_names.defining_name(cls) for cls in (
       keras.optimizers.LossScaleOptimizer, shared_name.LossScaleOptimizer,
       mixed_precision.LossScaleOptimizer)] == [

@@ -343,7 +343,7 @@ def test_config_is_tf23_format_and_round_trips():
 
 def test_compile_under_mixed_float16_keeps_it_and_fit_trains_as_keras():
   # Keras 3's fit calls scale_loss(), after which apply_gradients() takes the
-  # gradients of the scaled loss (tf_loss_scale/keras/protocols.py).
+  # gradients of the scaled loss (tf_loss_scale/keras/shared/protocols.py).
   kernels = []
   keras.mixed_precision.set_global_policy('mixed_float16')
   try:

@@ -127,7 +127,8 @@ _MAKERS = ['compile', 'schedule', 'named']
 # Keras's class, and the one install() puts under its name, which says it is
 # Keras's (class_names.defining_name tells them apart).
 _KERAS_CLASS = 'keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer'
-_INSTALLED_CLASS = 'tf_loss_scale.keras.shared_name.LossScaleOptimizer'
+_INSTALLED_CLASS = ('tf_loss_scale.keras.mixed_precision.shared_name.'
+                    'LossScaleOptimizer')
 
 
 def _run(mode, install, maker, directory):
@@ -213,7 +214,8 @@ def _load_saved_under_install(written, name, install):
 
 @pytest.mark.parametrize('name', ['m.keras', 'm.h5'])
 def test_a_file_saved_under_install_loads_without_the_library(written, name):
-  # The file names Keras's class (tf_loss_scale/keras/shared_name.py), which
+  # The file names Keras's class
+  # (tf_loss_scale/keras/mixed_precision/shared_name.py), which
   # loads it; a `.keras` file keeps every optimizer value.
   read, wrote = _load_saved_under_install(written, name, False)
   loaded = read['loaded']

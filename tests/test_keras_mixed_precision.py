@@ -681,7 +681,8 @@ import json, keras, tensorflow as tf
 import tf_loss_scale.compat
 before = tf.keras.mixed_precision.LossScaleOptimizer
 tf_loss_scale.compat.install()
-from tf_loss_scale.keras import mixed_precision, shared_name
+from tf_loss_scale.keras import mixed_precision
+from tf_loss_scale.keras.mixed_precision import shared_name
 installed = [tf.keras.mixed_precision.LossScaleOptimizer is
              shared_name.LossScaleOptimizer,
              keras.mixed_precision.LossScaleOptimizer is

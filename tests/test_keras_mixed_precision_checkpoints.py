@@ -28,7 +28,7 @@ versions.TF_KERAS_INSTALLED.require()
 # pylint: disable=g-import-not-at-top,wrong-import-order
 import tf_keras
 from tf_loss_scale.keras import mixed_precision
-from tf_loss_scale.keras import shared_name
+from tf_loss_scale.keras.mixed_precision import shared_name
 # pylint: enable=g-import-not-at-top,wrong-import-order
 
 INF = float('inf')
@@ -470,7 +470,7 @@ def test_keras_3_optimizers_read_by_position_order_slots_as_tf_keras(
     name, options):
   # The library reads tf_keras's `_variables/{i}` into these by position:
   # each slot there must be the same (list, variable) in both Keras.
-  from tf_loss_scale.keras import tf_keras_checkpoints  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras.mixed_precision import tf_keras_checkpoints  # pylint: disable=g-import-not-at-top
   assert name in tf_keras_checkpoints._SAME_ORDER_AS_TF_KERAS  # pylint: disable=protected-access
   shapes = [(2, 3), (3,), (3, 2), (2,)]
   orders = []
@@ -532,9 +532,9 @@ def test_checkpoints_of_the_earlier_layout_still_restore(build_first,
   # with tf_keras's loss scale names and the inner count at `_iterations`
   # added: made here from the Keras 3 form, as that class was.
   from tf_loss_scale import private_api  # pylint: disable=g-import-not-at-top
-  from tf_loss_scale.keras import loss_scale_optimizer  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras import keras3  # pylint: disable=g-import-not-at-top
   source = _Run('ours', 'adam', wrapped=False)
-  earlier = loss_scale_optimizer.LossScaleOptimizer(source.inner, **_SCALE)
+  earlier = keras3.LossScaleOptimizer(source.inner, **_SCALE)
   variables = list(source.weights.values())
   for factor in _FACTORS:
     with tf.GradientTape() as tape:

@@ -22,7 +22,7 @@ versions.TF_KERAS_INSTALLED.require()
 # pylint: disable=g-import-not-at-top,wrong-import-order
 import tf_keras
 from tf_loss_scale.keras import mixed_precision
-from tf_loss_scale.keras import shared_name
+from tf_loss_scale.keras.mixed_precision import shared_name
 import tf_loss_scale.keras  # pylint: disable=g-bad-import-order
 import tf_loss_scale.keras.experimental  # pylint: disable=g-bad-import-order
 # pylint: enable=g-import-not-at-top,wrong-import-order

@@ -107,7 +107,7 @@ def test_a_keras_3_older_than_the_oldest_supported_is_refused():
                     'needs Keras 2 as `keras` (TensorFlow 2.15 and '
                     'earlier)').mark
 def test_the_keras_3_form_on_keras_2_names_the_form_that_works():
-  message = _import_error([], 'import tf_loss_scale.keras.loss_scale_optimizer')
+  message = _import_error([], 'import tf_loss_scale.keras.keras3')
   assert 'tf_loss_scale.keras.experimental.LossScaleOptimizer' in message
   assert f'Keras {keras.__version__} is installed' in message
 

@@ -24,7 +24,7 @@ versions.TF_KERAS_INSTALLED.require()
 
 # pylint: disable=g-import-not-at-top,wrong-import-order
 import tf_keras
-from tf_loss_scale.keras import shared_name
+from tf_loss_scale.keras.mixed_precision import shared_name
 # pylint: enable=g-import-not-at-top,wrong-import-order
 
 # What the loss multiplies each float16 weight by, per step: at a scale of

@@ -9,7 +9,9 @@ means: no Keras module beyond those TensorFlow loaded, and never the other
 Keras.
 """
 
+import ast
 import functools
+import os
 
 import pytest
 
@@ -69,11 +71,11 @@ print(json.dumps(result))
 _LAZY_LIBRARY_MODULES = ('tf_loss_scale.compat', 'tf_loss_scale.monitoring',
                          'tf_loss_scale.inspect_checkpoint',
                          'tf_loss_scale.keras.experimental',
-                         'tf_loss_scale.keras.experimental_keras2',
-                         'tf_loss_scale.keras.experimental_keras3',
-                         'tf_loss_scale.keras.families',
-                         'tf_loss_scale.keras.loss_scale_optimizer',
-                         'tf_loss_scale.keras.slots')
+                         'tf_loss_scale.keras.experimental.keras2',
+                         'tf_loss_scale.keras.experimental.keras3',
+                         'tf_loss_scale.keras.shared.families',
+                         'tf_loss_scale.keras.keras3',
+                         'tf_loss_scale.keras.shared.slots')
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,10 +119,10 @@ def test_each_public_module_resolves_on_first_access(probe):
       'monitoring.LossScaleCallback': 'LossScaleCallback',
       'inspect_checkpoint.CheckpointError': 'CheckpointError',
       'keras.experimental.LossScaleOptimizer':
-          'tf_loss_scale.keras.experimental',
+          'tf_loss_scale.keras.experimental.base',
   }
   if keras_families.keras3_or_none() is not None:
-    assert keras3_form == 'tf_loss_scale.keras.loss_scale_optimizer'
+    assert keras3_form == 'tf_loss_scale.keras.keras3'
     assert result['from_import'] == keras3_form
 
 
@@ -164,3 +166,57 @@ scale = tf_loss_scale.FixedLossScale(8)
 print(json.dumps([before, 'tensorflow' in sys.modules, float(scale())]))
 '''])
   assert result == [False, True, 8.0]
+
+
+
+def _imports_of_keras_modules(library):
+  """Each module of `library`/keras to the library modules it imports.
+
+  Every import statement counts, at module level or in a function. (That
+  importing a submodule runs its package's `__init__.py` first is how
+  packages work, not an import of the package.)
+  """
+  graph = {}
+  for directory, _, files in os.walk(os.path.join(library, 'keras')):
+    for file in files:
+      if file.endswith('.py'):
+        path = os.path.join(directory, file)
+        parts = os.path.relpath(path, os.path.dirname(library))[:-3].split(
+            os.sep)
+        with open(path) as f:
+          graph['.'.join(parts[:-1] if parts[-1] == '__init__' else parts)] = (
+              ast.parse(f.read()))
+  edges = {}
+  for module, tree in graph.items():
+    imported = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        imported.update(alias.name for alias in node.names)
+      elif isinstance(node, ast.ImportFrom) and node.module:
+        for alias in node.names:
+          name = f'{node.module}.{alias.name}'
+          imported.add(name if name in graph else node.module)
+    edges[module] = {m for m in imported if m in graph and m != module}
+  return edges
+
+
+def test_the_keras_modules_import_each_other_without_a_cycle():
+  library = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), 'tf_loss_scale')
+  graph = _imports_of_keras_modules(library)
+  assert 'tf_loss_scale.keras.experimental.base' in graph, sorted(graph)
+  done, path = set(), []
+
+  def visit(module):
+    if module in path:
+      cycle = path[path.index(module):] + [module]
+      raise AssertionError('import cycle: ' + ' -> '.join(cycle))
+    if module not in done:
+      path.append(module)
+      for imported in sorted(graph[module]):
+        visit(imported)
+      path.pop()
+      done.add(module)
+
+  for module in sorted(graph):
+    visit(module)

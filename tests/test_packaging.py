@@ -110,7 +110,9 @@ def test_wheel_metadata_names_version_license_and_pythons(wheel):
   assert [c.rsplit(' ', 1)[1] for c in classifiers
           if re.fullmatch(r'Programming Language :: Python :: 3\.\d+', c)] == [
               '3.8', '3.9', '3.10', '3.11', '3.12', '3.13']
-  assert 'tf_loss_scale/keras/loss_scale_optimizer.py' in names
+  for module in ('keras3.py', 'experimental/keras2.py',
+                 'mixed_precision/shared_name.py', 'shared/families.py'):
+    assert f'tf_loss_scale/keras/{module}' in names, module
   assert 'tf_loss_scale/demo/runner.py' in names
   # No __init__.py (`tf-loss-scale run` puts the directory on PYTHONPATH):
   # the wheel has it as a namespace package.

@@ -49,7 +49,9 @@ def install(override: bool = False) -> None:
     return
   # pylint: disable=g-import-not-at-top
   from tf_loss_scale import graph_rewrite
-  from tf_loss_scale.keras import experimental, experimental_policy, families
+  from tf_loss_scale.keras import experimental
+  from tf_loss_scale.keras.experimental import policy as experimental_policy
+  from tf_loss_scale.keras.shared import families
 
   mixed_precision = _keras_mixed_precision_modules()
   keras_experimental = _new_module(
@@ -61,7 +63,7 @@ def install(override: bool = False) -> None:
     _attach_module(namespace, 'experimental', keras_experimental)
   tf24 = None
   if families.is_keras3(tf.keras):
-    from tf_loss_scale.keras import shared_name as tf24
+    from tf_loss_scale.keras.mixed_precision import shared_name as tf24
   # On the class that defines `compile`: Keras's loader compares a model's
   # `compile` with that class's and skips restoring the optimizer and loss
   # of a model whose `compile` differs (a user's own, it assumes).

@@ -16,7 +16,7 @@ from typing import Any, Callable, List, NamedTuple, Sequence
 import tensorflow as tf
 
 # Loads no Keras: it looks at the Keras packages already imported.
-from tf_loss_scale.keras import families
+from tf_loss_scale.keras.shared import families
 
 
 class Form(NamedTuple):

@@ -196,12 +196,12 @@ def _optimizer_variable_names(path: str, optimizer_config: dict,
 def _keras_of_family(path: str, family: str) -> Any:
   """The installed Keras of a family ('2' or '3'), its file classes known."""
   # Importing the library's Keras modules registers their file classes.
-  for module in ('loss_scale_optimizer', 'experimental'):
+  for module in ('keras3', 'experimental'):
     try:
       importlib.import_module(f'tf_loss_scale.keras.{module}')
     except (AttributeError, ImportError):
       pass  # Not a Keras this form runs on: its classes cannot be in use.
-  from tf_loss_scale.keras import families  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras.shared import families  # pylint: disable=g-import-not-at-top
   try:
     return families.namespace_for(
         families.KERAS2 if family == '2' else families.KERAS3)

@@ -112,9 +112,8 @@ def _take_a_step(api: str) -> None:
   layer.build((None, 1))
   variables = layer.trainable_variables
   if api == config_lib.KERAS:
-    from tf_loss_scale.keras import loss_scale_optimizer
-    optimizer = loss_scale_optimizer.LossScaleOptimizer(
-        keras.optimizers.SGD(0.1))
+    from tf_loss_scale.keras import keras3
+    optimizer = keras3.LossScaleOptimizer(keras.optimizers.SGD(0.1))
   else:
     from tf_loss_scale.keras import experimental
     optimizer = experimental.LossScaleOptimizer(keras.optimizers.SGD(0.1),

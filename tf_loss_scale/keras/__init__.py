@@ -1,20 +1,13 @@
 """Keras loss scale optimizers.
 
-Public API:
-  LossScaleOptimizer: the Keras 3 form (`inner_optimizer, initial_scale,
-    dynamic_growth_steps`), for `model.fit` and custom loops. Needs Keras 3
-    (TensorFlow 2.16 or later); elsewhere importing it raises an ImportError
-    that names the experimental form.
-  mixed_precision.LossScaleOptimizer: the TF 2.4-2.15 form
-    (`inner_optimizer, dynamic, initial_scale, dynamic_growth_steps`) with
-    `get_scaled_loss`/`get_unscaled_gradients`, on Keras 3 (where Keras 2
-    is, TensorFlow's own class is that form).
-  experimental.LossScaleOptimizer: the TF 2.0-2.3 form
-    (`optimizer, loss_scale`) with `get_scaled_loss`/`get_unscaled_gradients`,
-    around the optimizers of every Keras (Keras 3, and Keras 2 legacy and
-    new) on every TensorFlow 2.12-2.21.
-
-Both are imported on first use: `import tf_loss_scale.keras` loads no Keras.
+Public API, one place each, imported on first use (`import
+tf_loss_scale.keras` loads no Keras); what they share is in `shared/`:
+  LossScaleOptimizer (`keras3.py`): the Keras 3 form, `(inner_optimizer,
+    initial_scale, dynamic_growth_steps)`. Needs Keras 3 (TensorFlow 2.16+);
+    elsewhere an ImportError names the experimental form.
+  mixed_precision.LossScaleOptimizer: the TF 2.4-2.15 form, on Keras 3.
+  experimental.LossScaleOptimizer: the TF 2.0-2.3 form, `(optimizer,
+    loss_scale)`, around the optimizers of every Keras.
 """
 
 import importlib
@@ -23,8 +16,7 @@ from typing import Any
 from tf_loss_scale import lazy as _lazy
 
 _lazy_getattr, __dir__ = _lazy.attributes(__name__, {
-    'LossScaleOptimizer': (f'{__name__}.loss_scale_optimizer',
-                           'LossScaleOptimizer'),
+    'LossScaleOptimizer': (f'{__name__}.keras3', 'LossScaleOptimizer'),
     'experimental': (f'{__name__}.experimental', None),
     'mixed_precision': (f'{__name__}.mixed_precision', None),
 }, globals())
@@ -33,7 +25,7 @@ _lazy_getattr, __dir__ = _lazy.attributes(__name__, {
 def __getattr__(name: str) -> Any:  # pylint: disable=invalid-name
   if name in ('LossScaleOptimizer', 'mixed_precision'):
     # Without Keras 3, say what works instead of failing inside the module.
-    importlib.import_module(f'{__name__}.families').require_keras3(
+    importlib.import_module(f'{__name__}.shared.families').require_keras3(
         f'{__name__}.{name}')
   return _lazy_getattr(name)
 

@@ -1,18 +1,11 @@
 """An optimizer's per-variable state, found by the identity of the variable.
 
-Keras 3's and Keras 2's new optimizers have no `get_slot`; TF 2.3's
-wrapper had one. The experimental form builds the inner optimizer itself
-and then records each slot that build created under the model variable it
-belongs to (`owners`): told by the name the slot carries (each Keras names a
-slot after its variable) and, among variables that share a name, by shape
-and by the order of the build's variables, in which Keras optimizers create
-their slots. Nothing of the inner optimizer is
-patched or read but its public `build` and `variables`.
-
-A slot is known by the name TF 2.x's optimizers (OptimizerV2) gave it
-(Adam's `m` and `v`), which the programs that call `get_slot` use; the
-name the inner optimizer gives it (Keras 3's `momentum` and `velocity`)
-finds it too (`tf2_slot_names`).
+Keras 3's and Keras 2's new optimizers have no `get_slot`; TF 2.3's wrapper
+had one. The wrapper builds the inner optimizer and records each slot the
+build created under its model variable (`owners`): told by the name the slot
+carries and, among variables of one name, by shape and the build's order.
+Only the inner optimizer's public `build` and `variables` are used. A slot
+is known by TF 2.x's name (Adam's `m`, `v`) and by the inner optimizer's.
 """
 
 import contextlib
@@ -81,8 +74,7 @@ def tf2_slot_names(optimizer: Any) -> Dict[str, str]:
     optimizer: A Keras optimizer, of Keras 3 or Keras 2.
 
   Returns:
-    {its name for a kind of slot: TF 2.x's}, for the Keras optimizer class
-    it is or extends; empty for one TF 2.x's optimizers did not have.
+    {its name for a kind of slot: TF 2.x's}, by its Keras class.
   """
   for cls in type(optimizer).__mro__:
     if cls.__module__.split('.')[0] in ('keras', 'tf_keras'):
@@ -94,17 +86,12 @@ def owners(var_list: Sequence[Any], created: Sequence[Any],
            naming: SlotNaming) -> List[Tuple[Any, str, Any]]:
   """Tells which variable of a build each variable it created is a slot of.
 
-  A created variable is a slot of the variable whose name its own carries.
-  Where two variables' names both fit it (one name extends the other), of
-  the longer name. Of variables with the same name, of one of its shape if
-  one has it, and then of the first in `var_list` that has no slot of that
-  kind yet: an optimizer makes each kind of slot in the order of the
-  variables it builds for. (So the one guess left is among variables of one
-  name and one shape when an optimizer gives a kind of slot to some of them
-  only.) A created variable whose name carries no variable's (Keras 3.3's
-  Adagrad and Ftrl name the accumulator just `accumulator`) is that kind of
-  slot of the first variable of its shape without one, unless its name is a
-  variable's own name.
+  A created variable is a slot of the variable whose name its own carries
+  (the longer name, where two fit); among variables of that name, of one of
+  its shape, then of the first in `var_list` without that kind of slot yet
+  (optimizers make slots in the build's order). One whose name carries no
+  variable's (Keras 3.3's Adagrad and Ftrl: `accumulator`) is a slot of the
+  first variable of its shape without one, unless it is a variable's name.
 
   Args:
     var_list: The variables the optimizer was built for, in that order.
@@ -187,11 +174,9 @@ class SlotTable:
 class SlotsByVariable:
   """TF 2.3's `get_slot`/`get_slot_names` for an inner optimizer without them.
 
-  A mixin placed before a wrapper's bases: it keeps a `SlotTable` of the
-  inner optimizer's slots, filled when the inner optimizer is built
-  (`build`, or `_build_inner`).
-  A class using it says how its Keras names slots in `_slot_naming`. Slots
-  are known by TF 2.x's names, and by the inner optimizer's.
+  A mixin before a wrapper's bases: a `SlotTable` of the inner optimizer's
+  slots, filled when it is built (`build`, `_build_inner`). A class using it
+  says how its Keras names slots in `_slot_naming`.
   """
 
   _slot_naming: SlotNaming

@@ -1,15 +1,13 @@
 """`LossScaleOptimizer(optimizer, loss_scale)`: the TF 2.0-2.3 Keras form.
 
-Constructing it makes the class for the inner optimizer's family
-(`class_for`: `experimental_keras3`, or `experimental_keras2`'s legacy and
-new classes), a subclass of this one and of that Keras's optimizer bases, so
-its `compile` keeps it. This module imports no Keras. What every family
-shares is here, with the forwarding rule:
-
-  The wrapper's state is the inner optimizer and the loss scale. The names
-  in `forwarded_names(inner)` are read and written on the inner optimizer;
-  writing one held in a variable with no setter assigns the variable. Any
-  other name the wrapper lacks is an `AttributeError`, as in TF 2.3.
+Constructed, it is of its inner optimizer's family's class (picked by the
+package), a subclass of this one and of that Keras's optimizer bases, so
+its `compile` keeps it. This module imports no Keras and no family's
+module. What every family shares is here, with the forwarding rule: the
+wrapper's state is the inner optimizer and the loss scale; the names in
+`forwarded_names(inner)` are read and written on the inner optimizer (one
+held in a variable without a setter is assigned); any other name the
+wrapper lacks is an `AttributeError`, as in TF 2.3.
 """
 
 import copy
@@ -22,15 +20,14 @@ from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import gradients
 from tf_loss_scale import guards
-from tf_loss_scale import lazy
 from tf_loss_scale import loss_scale as loss_scale_lib
 from tf_loss_scale import precision
 from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale import step_record
-from tf_loss_scale.keras import families
-from tf_loss_scale.keras import protocols
-from tf_loss_scale.keras import tf2_members
+from tf_loss_scale.keras.shared import families
+from tf_loss_scale.keras.shared import protocols
+from tf_loss_scale.keras.shared import tf2_members
 
 LossScaleArgument = Union[str, float, int, loss_scale_lib.LossScale,
                           Dict[str, Any]]
@@ -65,12 +62,10 @@ def forwarded_names(inner_optimizer: Any,
 
   Args:
     inner_optimizer: Any Keras optimizer.
-    inner_methods: The Keras base-class methods that are the inner
-      optimizer's.
+    inner_methods: Names of the wrapper's Keras bases that are the inner's.
 
   Returns:
-    Its settings (`tf2_members.settings_of`), TF 2.3's forwarded names and
-    `inner_methods`.
+    Its settings, TF 2.3's forwarded names and `inner_methods`.
   """
   settings, _ = tf2_members.settings_of(inner_optimizer)
   return settings | _TF23_FORWARDED | frozenset(inner_methods)
@@ -92,14 +87,15 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   ```
 
   A step whose gradients (summed across replicas) are not all finite is
-  skipped; `iterations` counts every call. Everything else is the inner
-  optimizer's, and so is the checkpoint, plus a `loss_scale` dependency (TF
-  2.3's layout). `apply_gradients` takes unscaled gradients, but in the
-  step of a `scale_loss` (Keras 3's `fit`); `apply`, gradients of the
-  scaled loss (`tf_loss_scale.keras.protocols`).
-  See docs/migrating_tf23.md.
+  skipped; `iterations` counts every call. The checkpoint is the inner
+  optimizer's plus a `loss_scale` dependency (TF 2.3's layout). Which
+  gradients each apply takes: `shared/protocols.py`. See
+  docs/migrating_tf23.md.
   """
 
+  # The class for an inner optimizer's family: set by the package, which
+  # imports each family's module on first use.
+  _class_for: Callable[[families.Family], type]
   # Each family's class sets these.
   _keras = None  # The family's Keras API namespace.
   _kind = None  # One of families.KINDS.
@@ -109,7 +105,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     del args, kwargs  # For __init__.
     if cls is LossScaleOptimizer:
       guards.check_family(optimizer, guards.EXPERIMENTAL_FORM)
-      cls = class_for(families.family_of(optimizer))
+      cls = cls._class_for(families.family_of(optimizer))
     elif cls._kind is None:
       raise TypeError(
           f'{cls.__name__} subclasses LossScaleOptimizer, whose class is '
@@ -121,17 +117,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Wraps `optimizer`.
 
     Args:
-      optimizer: A Keras optimizer: Keras 3, or Keras 2 new or legacy
-        (`tf.keras.optimizers.*` of any TensorFlow 2.12-2.21, or `tf_keras`).
-      loss_scale: `'dynamic'` (a `DynamicLossScale` with its defaults), a
-        number (a fixed scale), a `LossScale`, or the output of
-        `tf_loss_scale.serialize`.
+      optimizer: A Keras optimizer: Keras 3, or Keras 2 new or legacy.
+      loss_scale: `'dynamic'` (a default `DynamicLossScale`), a number (a
+        fixed scale), a `LossScale`, or `tf_loss_scale.serialize`'s output.
 
     Raises:
       TypeError: If `optimizer` is not a Keras optimizer.
-      ValueError: If `optimizer` is a loss scale optimizer or already
-        wrapped, `loss_scale` is None or not one of the above, or under an
-        unsupported strategy.
+      ValueError: If `optimizer` is already wrapped, `loss_scale` is none of
+        the above, or under an unsupported strategy.
     """
     guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, self,
                              loss_scale)
@@ -242,11 +235,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
     Args:
       loss: A zero-argument callable returning the loss, or a loss tensor
-        recorded by `tape`.
+        recorded by `tape` (then required).
       var_list: The variables to train, or a callable returning them.
       grad_loss: Optional gradient of the loss.
       name: Passed to `apply_gradients`.
-      tape: The tape that recorded `loss` (required for a tensor loss).
+      tape: The tape that recorded `loss`.
 
     Returns:
       What `apply_gradients` returns.
@@ -267,25 +260,13 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                   method: Optional[str] = None) -> Optional[tf.Operation]:
     """Runs the step on the gradients, in a replica context.
 
-    Args:
-      grads: One gradient per variable (unscaled unless `method` says so).
-      apply_inner: Applies a list of gradients like `grads` with the inner
-        optimizer, in a replica context.
-      inner_sums: Whether `apply_inner` sums the gradients across replicas
-        itself; otherwise the step sums them once, decides on the sums and
-        hands them to `apply_inner`, which must not sum them again.
-      summed: Whether `grads` are sums the caller made: the step decides on
-        them as they are and `apply_inner` applies them, summing nothing.
-      variables: The gradients' variables, to name them in a skip report.
-      method: As `protocols.TwoProtocols._scaled_flags` takes it: `apply`
-        for gradients of the scaled loss, None for unscaled ones.
-
-    Returns:
-      In a TF1 graph, one op that runs the step; None otherwise.
-
-    Raises:
-      ValueError: In a cross-replica context or under an unsupported
-        strategy.
+    `apply_inner` applies a list like `grads` with the inner optimizer; if
+    `inner_sums`, it sums across replicas itself, else the step sums once
+    and hands it the sums; `summed`: `grads` are sums already. `variables`
+    name the gradients in a skip report; `method` is as
+    `protocols.TwoProtocols._scaled_flags` takes it. Returns, in a TF1
+    graph, one op that runs the step (None otherwise); raises ValueError in
+    a cross-replica context or under an unsupported strategy.
     """
     where = f'{_NAME}.apply_gradients()'
     guards.check_step(where, [self._loss_scale, self.inner_optimizer])
@@ -324,11 +305,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                   custom_objects: Optional[Dict[str, Any]] = None) -> Any:
     """Recreates the optimizer (without its state) from `get_config()`.
 
-    A config without a family (TF 2.3's) is of the Keras `tf.keras` is.
-
     Args:
-      config: The output of `get_config()`, or TF 2.3's `{'optimizer':
-        <serialized optimizer>, 'loss_scale': <serialized LossScale>}`.
+      config: `get_config()`, or TF 2.3's (no family: `tf.keras`'s).
       custom_objects: Names to classes, for a custom inner optimizer.
 
     Returns:
@@ -353,35 +331,3 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                                          custom_objects=custom_objects,
                                          **options)
     return LossScaleOptimizer(inner, config['loss_scale'])
-
-
-def class_for(family: families.Family) -> type:
-  """The wrapper class for an inner optimizer of `family`."""
-  # pylint: disable=g-import-not-at-top
-  if family.kind == families.KERAS3:
-    from tf_loss_scale.keras import experimental_keras3
-    return experimental_keras3.LossScaleOptimizer
-  from tf_loss_scale.keras import experimental_keras2
-  legacy, new = experimental_keras2.classes_for(family.keras)
-  return legacy if family.kind == families.KERAS2_LEGACY else new
-
-
-def _register_for_loaded_keras2() -> None:
-  # Keras 2 restores an optimizer from an HDF5 file or a SavedModel by its
-  # registered name: importing this module is what makes the Keras 2 classes
-  # known to the Keras 2 packages already imported (tf.keras on TensorFlow
-  # <= 2.15), before any optimizer is wrapped in this process.
-  keras2 = [keras for keras in families.loaded_namespaces()
-            if families.is_keras2(keras)]
-  if keras2:
-    from tf_loss_scale.keras import experimental_keras2  # pylint: disable=g-import-not-at-top
-    for keras in keras2:
-      experimental_keras2.classes_for(keras)
-
-
-_register_for_loaded_keras2()
-
-# TF 2.3's policy names, imported on first use (they need Keras).
-POLICY_NAMES = ('Policy', 'set_policy', 'global_policy', 'get_layer_policy')
-__getattr__, __dir__ = lazy.attributes(__name__, {
-    name: (f'{__name__}_policy', name) for name in POLICY_NAMES}, globals())

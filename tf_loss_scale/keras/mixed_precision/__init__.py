@@ -1,33 +1,24 @@
 """`LossScaleOptimizer`: TF 2.4-2.15's Keras API on Keras 3.
 
 For custom loops written for `tf.keras.mixed_precision` of TF 2.4-2.15, on
-TensorFlow 2.16 and later. A subclass of the Keras 3 form, so `compile`
-keeps it; see docs/differences.md.
+TensorFlow 2.16 and later; a subclass of the Keras 3 form, so `compile`
+keeps it (docs/differences.md).
 
-The forwarding rule, the one way settings reach the inner optimizer: once
-TF 2.4-2.15's behaviour is asked for (below), the wrapper reads and writes
-on the inner optimizer what tf_keras's class forwarded: its hyperparameters, the entries of its config
-that are not flags (`learning_rate`, `momentum`, `clipnorm`,
-`ema_momentum`, ...; `lr` is `learning_rate`), as TF 2.4-2.10's did, and
-`use_ema`, as TF 2.11-2.15's did. A flag that picks the algorithm
-(`nesterov`, `amsgrad`, ...) was never forwarded: set on the wrapper it
-stays there, where nothing reads it, with a warning that says so.
-`loss_scale_factor` is the wrapper's and stays None (the wrapper scales
-the loss); `iterations` is the inner optimizer's count and cannot be
-replaced. Any other name is the wrapper's own attribute. Keras's `build`
-on the wrapper sees the wrapper's own settings (the defaults), so it makes
-no second EMA or accumulator copy of the model.
+Whose behaviour (`_follows_tf_keras`): this class is tf_keras's (`iterations`
+a `tf.Variable`, a dynamic scale floored at 1, `apply_gradients` taking the
+gradients as given but in a `fit` step (`shared/protocols.py`), settings
+forwarded, an optimizer another wrapper holds refused). The subclass
+`compat.install()` puts under Keras's name (`shared_name.py`) is Keras's
+class until the program calls `get_scaled_loss`, `get_unscaled_gradients`,
+`compute_gradients` or `minimize`, or passes `dynamic`.
 
-Whose behaviour, one helper (`_follows_tf_keras`): this class is
-tf_keras's (`iterations` a `tf.Variable`, a dynamic scale floored at 1,
-`apply_gradients` taking the gradients as given but in a `fit` step
-(`tf_loss_scale.keras.protocols`), the settings forwarded, an optimizer
-that another wrapper holds refused). The subclass `compat.install()` puts
-under Keras's name (`shared_name`) is Keras's `LossScaleOptimizer` in
-everything a Keras 3 program observes until the program calls a method of
-TF 2.4-2.15's class (`get_scaled_loss`, `get_unscaled_gradients`,
-`compute_gradients`, `minimize`) or constructs it with TF 2.4-2.15's
-`dynamic`, and tf_keras's from then on.
+The forwarding rule, once tf_keras's behaviour holds: the inner optimizer's
+settings that are not flags (`learning_rate`, `momentum`, `clipnorm`, ...;
+`lr` is `learning_rate`) and `use_ema` are read and written on it, as
+tf_keras's class did. A flag (`nesterov`, `amsgrad`, ...) set on the wrapper
+stays there, with a warning; `loss_scale_factor` stays None; `iterations`
+cannot be replaced. Keras's `build` on the wrapper sees the wrapper's own
+settings, so it makes no second EMA or accumulator copy of the model.
 """
 
 import contextlib
@@ -38,13 +29,14 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from tf_loss_scale import distribute
 from tf_loss_scale import guards
 from tf_loss_scale import step
-from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import loss_scale_optimizer
-from tf_loss_scale.keras import protocols
-from tf_loss_scale.keras import tf2_members
-from tf_loss_scale.keras import tf_keras_checkpoints
+from tf_loss_scale.keras import keras3
+from tf_loss_scale.keras.mixed_precision import tf_keras_checkpoints
+from tf_loss_scale.keras.shared import keras3_support
+from tf_loss_scale.keras.shared import protocols
+from tf_loss_scale.keras.shared import tf2_members
 
 # TF 2.4-2.15's defaults for a dynamic scale.
 _INITIAL_SCALE = 2.0**15
@@ -67,7 +59,7 @@ _UNSET = object()
 class LossScaleOptimizer(protocols.TwoProtocols,
                          tf_keras_checkpoints.ReadsTfKerasLayout,
                          tf2_members.Keras3Members,
-                         loss_scale_optimizer.LossScaleOptimizer):
+                         keras3.LossScaleOptimizer):
   """Loss scaling with TF 2.4-2.15's Keras API, around a Keras 3 optimizer.
 
   Custom loop, as written for TF 2.4-2.15:
@@ -80,24 +72,16 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   opt.apply_gradients(zip(grads, variables))
   ```
 
-  `apply_gradients` takes gradients of the scaled loss, as Keras's class,
-  until TF 2.4-2.15's behaviour is asked for; then as given, but in the
-  step of a `scale_loss` (`fit`); `apply` and `stateless_apply` take
-  gradients of the scaled loss (`tf_loss_scale.keras.protocols`). A fixed
-  scale (`dynamic=False`) applies every step, even a non-finite one, as TF
-  2.4-2.15's did. Config
-  and checkpoint layout are Keras's (tf_keras's configs and checkpoints are
+  Which gradients each apply takes: `shared/protocols.py`. A fixed scale
+  (`dynamic=False`) applies every step, even a non-finite one, as TF
+  2.4-2.15's did. Config and checkpoint layout are Keras's (tf_keras's are
   read too).
   """
 
-  # As tf_keras's class, on a step of TensorFlow's protocol: under a
-  # strategy, the step sums the gradients across replicas, decides on the
-  # sums, and the inner optimizer clips and applies the sums (Keras 3's class,
-  # and this one under Keras 3's protocol, hands each replica's, clipped
-  # before the sum).
+  # As tf_keras's class: on a step of unscaled gradients the inner optimizer
+  # clips and applies their sums; on others, a finite sum is applied, as by
+  # Keras's class, whose name this class takes after `install()`.
   _INNER_GETS_SUMS = True
-  # Under Keras 3's protocol, a finite sum is applied, as by Keras's class,
-  # whose name this class takes after `install()`.
   _DECIDES_ON_SUMS = True
   _FORM = guards.MIXED_PRECISION_FORM
   # Whether the class is Keras's until a TF 2.4-2.15 call (module docstring).
@@ -110,37 +94,29 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                name: Optional[str] = None, **kwargs: Any):
     """Wraps `inner_optimizer`.
 
-    TF 2.4-2.15's form, `LossScaleOptimizer(inner, dynamic=True,
-    initial_scale=None, dynamic_growth_steps=None)`, and Keras 3's,
-    `LossScaleOptimizer(inner, initial_scale, dynamic_growth_steps)`:
-    Keras 3 names this class `keras.mixed_precision.LossScaleOptimizer`
-    where `tf_loss_scale.compat.install()` puts it. A positional number
-    after `inner_optimizer` is Keras 3's `initial_scale`, a positional bool
-    TF 2.4-2.15's `dynamic`.
+    TF 2.4-2.15's form, `(inner, dynamic=True, initial_scale=None,
+    dynamic_growth_steps=None)`, and Keras 3's, `(inner, initial_scale,
+    dynamic_growth_steps)` (where `compat.install()` puts this class): a
+    positional number after `inner_optimizer` is `initial_scale`, a
+    positional bool `dynamic`.
 
     Args:
       inner_optimizer: The Keras 3 optimizer that applies the gradients.
-      *args: `dynamic` (a bool), `initial_scale`, `dynamic_growth_steps` in
-        TF 2.4-2.15's order, or `initial_scale` (a number) and
-        `dynamic_growth_steps` in Keras 3's.
-      dynamic: Whether the scale adapts (True) or stays `initial_scale`;
-        given (here or positionally), TF 2.4-2.15's behaviour follows also
-        where the class is Keras's until then (module docstring).
+      *args: The arguments below, in either form's order.
+      dynamic: Whether the scale adapts or stays `initial_scale`; given,
+        TF 2.4-2.15's behaviour follows (module docstring).
       initial_scale: The first scale, a finite positive number: 2**15 by
         default when `dynamic`, required otherwise.
       dynamic_growth_steps: Finite steps in a row after which a dynamic
-        scale doubles: 2000 by default; must be None when not `dynamic`.
-      name: The optimizer's name, as Keras 3's class takes it.
-      **kwargs: As Keras 3's class: the base optimizer arguments, only at
-        their defaults (as found in old configs).
+        scale doubles: 2000 by default; None when not `dynamic`.
+      name: The optimizer's name.
+      **kwargs: The base optimizer arguments, only at their defaults.
 
     Raises:
       TypeError: If `dynamic` is not a bool, an argument is given twice or
-        there are too many, or as `tf_loss_scale.keras.LossScaleOptimizer`
-        does.
+        there are too many, or as the Keras 3 form.
       ValueError: For `dynamic=False` without `initial_scale` or with
-        `dynamic_growth_steps`, or as `tf_loss_scale.keras.
-        LossScaleOptimizer` does.
+        `dynamic_growth_steps`, or as the Keras 3 form.
     """
     named = {'dynamic': dynamic, 'initial_scale': initial_scale,
              'dynamic_growth_steps': dynamic_growth_steps}
@@ -239,10 +215,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   @contextlib.contextmanager
   def _wrapper_settings(self):
-    """Within: the forwarded names read the wrapper's own (default) values.
+    """Within: forwarded names read the wrapper's own (default) values.
 
-    For Keras's base machinery run on the wrapper (`build`), which would
-    otherwise copy the model for an inner optimizer's EMA or accumulation.
+    So that Keras's `build` on the wrapper copies no model for an EMA.
     """
     object.__setattr__(self, '_own_settings', True)
     try:
@@ -253,14 +228,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def _make_scale_variables(self) -> None:
     """Makes Keras's two variables of the scale now, not in `build`.
 
-    As tf_keras's class made its own when constructed: a checkpoint restores
-    the scale and its count at once, before the first step. Keras's `build`
-    asks for them again by name, and `add_variable` hands these back, so
-    `variables` keeps Keras's order. (Keras's class makes them in `build`:
-    so does the class under its name until TF 2.4-2.15's are asked for.)
+    As tf_keras's class did, so that a checkpoint restores them before the
+    first step; `add_variable` hands them to Keras's `build`, which keeps
+    Keras's order of `variables`.
     """
-    # With the aggregation its class asks for on this release: 'none' from
-    # Keras 3.7 (before, Keras took no 'none').
+    # With the aggregation Keras's class asks for on this release.
     aggregation = ({'aggregation': 'none'} if
                    keras3_support.VARIABLES_TAKE_AGGREGATION_NONE else {})
     with tf.init_scope(), keras.name_scope(self.name, caller=self):
@@ -295,9 +267,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def set_weights(self, weights: Iterable[Any]) -> None:
     """Sets the variables from their values, as `tf2_members.Keras3Members`.
 
-    Values of a built wrapper's `variables` (what Keras's HDF5 files hold)
-    have the scale's two after the wrapper's own: unbuilt, the class under
-    Keras's name makes them first, so that each value goes to its variable.
+    Unbuilt, it makes the scale's two variables first, so that values of a
+    built wrapper's `variables` (an HDF5 file's) go each to its variable.
     """
     weights = list(weights)
     if (not self.built and self._dynamic and
@@ -309,7 +280,6 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   # ---- whose behaviour (module docstring) ------------------------------
 
   def _follows_tf_keras(self) -> bool:
-    """Whether TF 2.4-2.15's behaviour was asked for (module docstring)."""
     return self.__dict__.get('_tf_keras_call', False)
 
   _follows_tensorflow = _follows_tf_keras
@@ -352,11 +322,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def iterations(self) -> Any:
     """The inner optimizer's step count: Keras's variable, or tf_keras's.
 
-    A `keras.Variable`, as from Keras's class, until TF 2.4-2.15's behaviour
-    is asked for (module docstring); then its `tf.Variable`, as tf_keras's.
-    Before that, on Keras before 3.9, the counter of its own that Keras's
-    class answered with, which stays at 0 (a bug of Keras's, kept so that
-    a Keras 3 program sees the same with and without `install()`).
+    Its `tf.Variable` once TF 2.4-2.15's behaviour is asked for; before,
+    Keras's class's answer (on Keras before 3.9, a counter of its own that
+    stays at 0: Keras's bug, kept so that `install()` changes nothing).
     """
     if self._follows_tf_keras():
       return keras3_support.tf_variable(self.inner_optimizer.iterations)
@@ -397,24 +365,16 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                       **kwargs: Any) -> Any:
     """Applies the gradients if they are all finite; moves the scale.
 
-    Call it in a replica context (inside `strategy.run`, or with no
-    strategy). The gradients are of the scaled loss, or as given once TF
-    2.4-2.15's behaviour is asked for (`tf_loss_scale.keras.protocols`).
-
-    TF 2.2+'s pattern "all-reduce, clip, then apply" passes
-    `experimental_aggregate_gradients=False` (TF 2.4-2.10) or
-    `skip_gradients_aggregation=True` (TF 2.11-2.15): the gradients given
-    are then the sums across replicas, the same on every replica. The
-    step decides on them as they are, and the inner optimizer applies
-    exactly them (`tf_loss_scale.distribute.shares_summing_to`).
+    Call it in a replica context. Which gradients it takes:
+    `shared/protocols.py`; sums across replicas are applied exactly.
 
     Args:
       grads_and_vars: `(gradient, variable)` pairs.
-      name: A name for the step's ops, as TensorFlow's classes took it.
+      name: A name for the step's ops.
       skip_gradients_aggregation: Whether the gradients are already summed
-        across replicas.
-      **kwargs: `experimental_aggregate_gradients`: False when the gradients
-        are already summed across replicas.
+        across replicas (TF 2.11-2.15).
+      **kwargs: `experimental_aggregate_gradients`: False when they are
+        (TF 2.4-2.10).
 
     Returns:
       The inner optimizer's `iterations`.
@@ -441,22 +401,17 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                        ) -> List[Tuple[Any, Any]]:
     """Gradients of `loss`, computed on the scaled loss and then unscaled.
 
-    TensorFlow's protocol for the step: `get_scaled_loss` scales the loss
-    on the tape and `get_unscaled_gradients` divides the gradients, so the
-    next `apply_gradients` takes them as they are returned.
-
     Args:
       loss: A zero-argument callable returning the loss, or a loss tensor
         computed under `tape`.
       var_list: The variables, or a zero-argument callable returning them
         (called after `loss`, which may create them).
-      tape: The `tf.GradientTape` that recorded a tensor `loss`; a new one
-        is used for a callable `loss` when None. It records the scaling too,
-        so it must not be recording when this is called.
+      tape: The `tf.GradientTape` that recorded a tensor `loss` (not
+        recording when this is called); a new one for a callable `loss`.
 
     Returns:
-      A list of `(unscaled gradient, variable)` pairs, one per variable; a
-      gradient is None where the loss does not depend on its variable.
+      `(unscaled gradient, variable)` pairs, one per variable (None where
+      the loss does not depend on it).
 
     Raises:
       ValueError: If `loss` is a tensor and `tape` is None.
@@ -489,13 +444,10 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                tape: Optional[tf.GradientTape] = None) -> Any:
     """One step on `loss`: `compute_gradients`, then `apply_gradients`.
 
-    TF 2.4-2.10's arguments; TF 2.11-2.15's third, `tape`, is taken where
-    `grad_loss` stands too (a `tf.GradientTape` is never a gradient).
-
     Args:
       loss, var_list, tape: As `compute_gradients`.
-      grad_loss: The gradient of the final objective with respect to
-        `loss` (same shape); None for the loss itself.
+      grad_loss: The gradient of the objective with respect to `loss`; a
+        `tf.GradientTape` here is TF 2.11-2.15's `tape`.
       name: As `apply_gradients`.
 
     Returns:
@@ -513,8 +465,17 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   def aggregate_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]]
                          ) -> List[Tuple[Any, Any]]:
-    """TF 2.11-2.15's: the pairs with gradients summed across replicas."""
-    return tf2_members.aggregate_gradients(list(grads_and_vars))
+    """TF 2.11-2.15's: the pairs with gradients summed across replicas.
+
+    Args:
+      grads_and_vars: `(gradient, variable)` pairs, in a replica context.
+
+    Returns:
+      The pairs, each gradient summed across replicas.
+    """
+    pairs = list(grads_and_vars)
+    sums = distribute.all_reduce_in_replica([g for g, _ in pairs])
+    return list(zip(sums, [v for _, v in pairs]))
 
   def add_variable_from_reference(
       self, reference_variable: Any = None, name: Optional[str] = None,
@@ -524,15 +485,12 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Keras's, also under TF 2.11-2.15's parameter names.
 
     Args:
-      reference_variable: The model variable the new one is shaped after
-        (TF 2.11-2.15: `model_variable`).
-      name: The new variable's name (TF 2.11-2.15: `variable_name`).
+      reference_variable, model_variable: The model variable the new one is
+        shaped after (Keras's name, TF 2.11-2.15's).
+      name, variable_name: The new variable's name (likewise).
       initializer: A Keras initializer or its name.
-      model_variable: TF 2.11-2.15's name for `reference_variable`.
-      variable_name: TF 2.11-2.15's name for `name`.
       shape: A shape other than the reference variable's (TF 2.11-2.15).
-      initial_value: The first value, instead of `initializer` (TF
-        2.11-2.15).
+      initial_value: The first value, instead of `initializer`.
 
     Returns:
       The new variable, the wrapper's, named after the reference variable.
@@ -624,16 +582,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Recreates the optimizer (without its state) from a config.
 
     Args:
-      config: The output of `get_config` of this class, of Keras's, or of
-        tf_keras's (not modified).
+      config: `get_config()` of this class, Keras's or tf_keras's.
       custom_objects: Names to classes, for a custom inner optimizer.
 
     Returns:
       A new, unbuilt `LossScaleOptimizer`.
 
     Raises:
-      ValueError: For a base optimizer setting with another value than its
-        default (Keras's message).
+      ValueError: For a base optimizer setting not at its default.
     """
     config = dict(config)
     inner = config.pop('inner_optimizer')
@@ -642,7 +598,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
                                            custom_objects=custom_objects)
     own = {name: config.pop(name) for name in _OWN_CONFIG if name in config}
     # Keras's config holds the base optimizer's settings at their defaults.
-    loss_scale_optimizer._without_base_optimizer_defaults(  # pylint: disable=protected-access
+    keras3._without_base_optimizer_defaults(  # pylint: disable=protected-access
         cls.__name__, config)
     return cls(inner, **own)
 

@@ -1,21 +1,13 @@
 """What TF 2.x programs called on a loss scale optimizer, for Keras 3's forms.
 
-TF 2.3's experimental `LossScaleOptimizer` and TF 2.4-2.15's
-`LossScaleOptimizer` wrapped optimizers with a surface Keras 3's lack:
-weights read and set as NumPy values, slots found by variable, `add_weight`,
-graph-mode `get_gradients`/`get_updates`, and `variables` as a method. Both
-forms on Keras 3 take these members from here, so each is written once:
-
-- `InnerWeights`: `weights`, `get_weights`, `set_weights`, the inner
-  optimizer's state (every Keras family).
-- `Keras3Members`: the rest, around a Keras 3 inner optimizer, with the
-  slots of `slots.SlotsByVariable`.
-
-`variables` is a `CallableList`: read as an attribute it is the list Keras
-reads (for Keras 3's form, Keras's own), and called, `opt.variables()`, it
-is what TF 2.3's and TF 2.11-2.15's returned: the inner optimizer's
-variables only, never the loss scale's, so a loop that resets each of them
-leaves the scale alone.
+TF 2.3's and TF 2.4-2.15's wrappers had a surface Keras 3's optimizers
+lack: weights as NumPy values, slots by variable, `add_weight`, graph-mode
+`get_gradients`/`get_updates`, `variables()` a method. Written once here:
+`InnerWeights` (`weights`, `get_weights`, `set_weights`: the inner
+optimizer's state, every Keras family) and `Keras3Members` (the rest,
+around a Keras 3 inner optimizer). `variables` is a `CallableList`: read,
+the list Keras reads; called, TF 2.x's (the inner optimizer's variables
+only, never the loss scale's).
 """
 
 import inspect
@@ -25,20 +17,17 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf_loss_scale import distribute
 from tf_loss_scale import execution
 from tf_loss_scale import private_api
-from tf_loss_scale.keras import families
-from tf_loss_scale.keras import slots
+from tf_loss_scale.keras.shared import families
+from tf_loss_scale.keras.shared import slots
 
 
 def settings_of(optimizer: Any) -> Tuple[FrozenSet[str], FrozenSet[str]]:
   """The settings an optimizer's constructor takes, and which are flags.
 
-  Read from the constructors' signatures along the class's bases, not from
-  `get_config()`: a config serializes the learning rate, which a user's
-  schedule may refuse (no `get_config`) or warn about (a lambda), in
-  programs that never save.
+  Read from the constructors' signatures: `get_config()` may refuse or warn
+  about a user's schedule in programs that never save.
 
   Args:
     optimizer: Any Keras optimizer.
@@ -81,20 +70,12 @@ class CallableList(list):
 class InnerWeights:
   """`weights`, `get_weights`, `set_weights`: the inner optimizer's state.
 
-  As TF 2.3's and TF 2.4-2.15's wrappers, these never include the loss
-  scale, which checkpoints keep instead. A class using it has an
-  `inner_optimizer`.
+  As TF 2.x's wrappers, never the loss scale (checkpoints keep it).
   """
 
   @property
   def weights(self) -> List[Any]:
-    """The inner optimizer's variables, in its order, but its learning rate.
-
-    TF 2.x's optimizers kept their hyperparameters out of `weights` (and
-    `variables()`): a loop that resets each of them leaves the learning
-    rate, which a Keras 3 optimizer holds in a variable of its own, as it
-    leaves the loss scale.
-    """
+    """The inner optimizer's variables but its learning rate, as TF 2.x's."""
     inner = self.inner_optimizer
     variables = inner.variables
     variables = variables() if callable(variables) else variables
@@ -113,13 +94,9 @@ class InnerWeights:
   def set_weights(self, weights: Sequence[Any]) -> None:
     """Sets the inner optimizer's variables from `get_weights()` values.
 
-    Values of every variable of `variables` (the list read as an attribute,
-    which Keras's HDF5 files keep for an optimizer) are taken too: Keras's
-    HDF5 loader passes them.
-
     Args:
-      weights: One value per variable of `weights`, or of `variables`, in
-        its order.
+      weights: One value per variable of `weights`, or of `variables` (as
+        Keras's HDF5 loader passes them), in its order.
 
     Raises:
       ValueError: If the count or a shape differs from both.
@@ -152,7 +129,7 @@ class InnerWeights:
 # TF 2.x's `tf.VariableAggregation` to Keras 3's names for it.
 def _aggregation_name(aggregation: Any) -> str:
   # Imported here: it refuses Keras 2, which the other mixins here serve.
-  from tf_loss_scale.keras import keras3_support  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras.shared import keras3_support  # pylint: disable=g-import-not-at-top
   name = getattr(aggregation, 'name', str(aggregation)).lower()
   if name == 'none' and not keras3_support.VARIABLES_TAKE_AGGREGATION_NONE:
     return 'mean'  # Keras's default, which reached TensorFlow as NONE.
@@ -163,28 +140,22 @@ class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
                     InnerWeights):
   """TF 2.x's members of a wrapper around a Keras 3 inner optimizer.
 
-  A mixin placed before the wrapper's Keras bases. Slots are those of
-  `slots.SlotsByVariable`, recorded when the inner optimizer is built.
+  A mixin placed before the wrapper's Keras bases.
   """
 
   _slot_naming = slots.KERAS3
 
   @property
   def variables(self) -> CallableList:
-    """Keras's list of the wrapper's variables; called, the inner's only.
-
-    Read as an attribute it is what the next class gives (Keras's, for
-    Keras 3's form); `variables()` is TF 2.x's: `weights`.
-    """
+    """Keras's list of the wrapper's variables; called, TF 2.x's `weights`."""
     return CallableList(super().variables, called=self.weights)
 
   def build(self, var_list: Sequence[Any]) -> None:
     """Builds as the next class does; for no variables, builds nothing.
 
-    Keras's HDF5 loader builds a model's optimizer for the model's own
-    variables (none, for a `Sequential`), which would leave it unable to
-    take the variables it trains; the first step builds it for those.
-    Values that `set_weights` held until then are set after the build.
+    Keras's HDF5 loader builds for a model's own variables (none, for a
+    `Sequential`); the first step builds for the variables it trains, and
+    sets the values `set_weights` held until then.
     """
     var_list = list(var_list)
     if not var_list and not self.built:
@@ -193,18 +164,10 @@ class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
     self._set_held_weights()
 
   def set_weights(self, weights: Sequence[Any]) -> None:
-    """Sets `weights` (or `variables`) from their values.
+    """As `InnerWeights.set_weights`; unbuilt, a surplus waits for `build`.
 
-    Before the optimizer is built, values for more variables than it has
-    (those of a built optimizer, as Keras's HDF5 files hold them) set the
-    variables it has, which come first in the built list too, and the rest
-    when it is built (`build`).
-
-    Args:
-      weights: As `InnerWeights.set_weights`.
-
-    Raises:
-      ValueError: As `InnerWeights.set_weights`.
+    Values for more variables than an unbuilt optimizer has (a built one's,
+    from an HDF5 file) set the rest when it is built.
     """
     weights = list(weights)
     count = len(self.variables)
@@ -239,18 +202,14 @@ class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
                  initializer: Any = 'zeros', trainable: Optional[bool] = None,
                  synchronization: Any = tf.VariableSynchronization.AUTO,
                  aggregation: Any = tf.VariableAggregation.NONE) -> Any:
-    """Creates a variable of the inner optimizer, saved with its state.
-
-    TF 2.x's `OptimizerV2.add_weight`, on Keras 3's `add_variable`.
+    """TF 2.x's `add_weight`: a variable of the inner optimizer.
 
     Args:
-      name: The variable's name.
-      shape: Its shape.
+      name, shape: The variable's.
       dtype: Its dtype; float32 when None.
       initializer: A Keras initializer or its name.
-      trainable: Must not be True: optimizer variables are not trained.
-      synchronization: Must be `tf.VariableSynchronization.AUTO` (Keras 3
-        chooses).
+      trainable: Must not be True.
+      synchronization: Must be `tf.VariableSynchronization.AUTO`.
       aggregation: A `tf.VariableAggregation`, or Keras 3's name for one.
 
     Returns:
@@ -275,22 +234,16 @@ class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
 
   def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]
                    ) -> List[Any]:
-    """Unscaled gradients of `loss` for `params`, in a graph.
-
-    As TF 2.x's, for graph code (inside a `tf.function`): differentiates the
-    scaled loss with `tf.gradients` and unscales the result.
+    """Unscaled gradients of `loss` for `params`, in a graph (as TF 2.x's).
 
     Args:
-      loss: A loss tensor of the current graph.
-      params: The variables.
+      loss, params: A loss tensor of the current graph, and the variables.
 
     Returns:
-      One unscaled gradient per variable (None where the loss does not
-      depend on it).
+      One unscaled gradient per variable (None where `loss` has none).
 
     Raises:
-      RuntimeError: When executing eagerly, where graph gradients do not
-        exist (as in TF 2.x).
+      RuntimeError: When executing eagerly, as in TF 2.x.
     """
     if tf.executing_eagerly():
       raise RuntimeError(
@@ -306,34 +259,15 @@ class Keras3Members(slots.SlotsByVariable, private_api.HidesForwardedSlots,
   def get_updates(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
     """Runs one step on `loss` in a graph: `[apply_gradients(...)]`.
 
-    Keras 3 collects no symbolic updates; inside a `tf.function` the step
-    runs where this is called, as TF 2.x's ran where its op ran.
-
     Args:
-      loss: A loss tensor of the current graph.
-      params: The variables.
+      loss, params: As `get_gradients`.
 
     Returns:
       A one-element list: what `apply_gradients` returned.
 
     Raises:
-      RuntimeError: When executing eagerly (see `get_gradients`).
+      RuntimeError: When executing eagerly.
     """
     params = list(params)
     grads = self.get_gradients(loss, params)
     return [self.apply_gradients(zip(grads, params))]
-
-
-def aggregate_gradients(grads_and_vars: Sequence[Any]) -> List[Any]:
-  """TF 2.11-2.15's `aggregate_gradients`: sums across replicas.
-
-  Args:
-    grads_and_vars: `(gradient, variable)` pairs, in a replica context.
-
-  Returns:
-    The pairs with each gradient summed across replicas (as given with no
-    strategy).
-  """
-  pairs = list(grads_and_vars)
-  sums = distribute.all_reduce_in_replica([g for g, _ in pairs])
-  return list(zip(sums, [v for _, v in pairs]))

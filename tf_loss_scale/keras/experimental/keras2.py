@@ -1,12 +1,10 @@
 """The TF 2.0-2.3 `LossScaleOptimizer` around Keras 2 optimizers.
 
-Keras 2 is `tf.keras` on TensorFlow <= 2.15 and `tf_keras` later; this
-module is imported when one of its optimizers is first wrapped. `classes_for`
-makes, per Keras 2, `LossScaleOptimizerV2` (legacy optimizers, TF 2.3's whole
-surface) and `LossScaleOptimizerV3` (new optimizers). Both subclass that
-Keras's optimizer base and `mixed_precision.LossScaleOptimizer`, so its
-`compile` keeps them; none of their code runs on the wrapper. Checkpoints
-keep TF 2.3's layout (`private_api.DelegatesCheckpointToInner`).
+Keras 2 is `tf.keras` on TensorFlow <= 2.15 and `tf_keras` later.
+`classes_for` makes, per Keras 2, `LossScaleOptimizerV2` (legacy optimizers,
+TF 2.3's whole surface) and `LossScaleOptimizerV3` (new ones), subclasses of
+that Keras's optimizer base and `mixed_precision.LossScaleOptimizer` (so
+its `compile` keeps them), none of whose code runs on the wrapper.
 """
 
 import types
@@ -17,9 +15,9 @@ import tensorflow as tf
 from tf_loss_scale import execution
 from tf_loss_scale import private_api
 from tf_loss_scale import loss_scale as loss_scale_lib
-from tf_loss_scale.keras import experimental
-from tf_loss_scale.keras import families
-from tf_loss_scale.keras import slots
+from tf_loss_scale.keras.experimental import base
+from tf_loss_scale.keras.shared import families
+from tf_loss_scale.keras.shared import slots
 
 _PACKAGE = 'tf_loss_scale.experimental'
 # One (legacy, new) pair of classes per Keras 2 optimizer base class.
@@ -51,15 +49,28 @@ def _subclass(name: str, family: type, keras_bases: Tuple[type, ...],
                                                  name=name)(cls)
 
 
-class _Keras2(experimental.LossScaleOptimizer):
+class _Keras2(base.LossScaleOptimizer):
   """What Keras 2's `mixed_precision.LossScaleOptimizer` offers, from ours."""
 
   def __init__(self, optimizer: Any,
-               loss_scale: experimental.LossScaleArgument):
+               loss_scale: base.LossScaleArgument):
     super().__init__(optimizer, loss_scale)
     if execution.in_tf1_graph():  # `fit` initialises the scale, as TF 2.3's.
       private_api.track_in_keras2_session(self._keras,
                                           self.loss_scale.variables)
+
+  def _apply_pairs(self, pairs: List[Tuple[Any, Any]], summed: bool,
+                   **inner_kwargs: Any) -> Optional[tf.Operation]:
+    """Runs the step on pairs; the inner `apply_gradients` gets `inner_kwargs`.
+
+    `summed`: whether the gradients are sums across replicas already.
+    """
+    variables = [v for _, v in pairs]
+    return self._apply_step(
+        [g for g, _ in pairs],
+        lambda grads: self.inner_optimizer.apply_gradients(
+            list(zip(grads, variables)), **inner_kwargs),
+        summed=summed, variables=variables)
 
   @property
   def dynamic(self) -> bool:
@@ -90,7 +101,10 @@ class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
   """Loss scaling around a Keras 2 legacy optimizer (TF 2.3's contract)."""
 
   _kind = families.KERAS2_LEGACY
-  _INNER_METHODS = frozenset({'add_weight'})
+  # The inner optimizer's slots and weights, as TF 2.3's wrapper forwarded.
+  _INNER_METHODS = frozenset({'add_weight', 'add_slot', 'get_slot',
+                              'get_slot_names', 'variables', 'weights',
+                              'get_weights'})
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
                       name: Optional[str] = None,
@@ -100,20 +114,14 @@ class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
     Args:
       grads_and_vars: `(gradient, variable)` pairs, gradients unscaled.
       name: Passed to the inner optimizer.
-      experimental_aggregate_gradients: False when the gradients are sums
-        across replicas already.
+      experimental_aggregate_gradients: False for sums across replicas.
 
     Returns:
       In a TF1 graph, the op that runs the step; None otherwise.
     """
-    pairs = list(grads_and_vars)
-    variables = [v for _, v in pairs]
-    return self._apply_step(
-        [g for g, _ in pairs],
-        lambda grads: self.inner_optimizer.apply_gradients(
-            list(zip(grads, variables)), name=name,
-            experimental_aggregate_gradients=False),
-        summed=not experimental_aggregate_gradients, variables=variables)
+    return self._apply_pairs(list(grads_and_vars),
+                             not experimental_aggregate_gradients, name=name,
+                             experimental_aggregate_gradients=False)
 
   def get_gradients(self, loss: tf.Tensor, params: Sequence[Any]) -> List[Any]:
     """Unscaled gradients of `loss` (a graph tensor), via the scaled loss."""
@@ -127,42 +135,18 @@ class _Legacy(private_api.ForwardsLegacySlotRestoration, _Keras2):
     return [self.apply_gradients(zip(self.get_gradients(loss, params),
                                      params))]
 
-  def get_slot(self, var: Any, slot_name: str) -> tf.Variable:
-    """The inner optimizer's slot `slot_name` of `var`."""
-    return self.inner_optimizer.get_slot(var, slot_name)
-
-  def add_slot(self, var: Any, slot_name: str, initializer: Any = 'zeros',
-               shape: Any = None) -> tf.Variable:
-    """Adds a slot to the inner optimizer."""
-    return self.inner_optimizer.add_slot(var, slot_name, initializer, shape)
-
-  def get_slot_names(self) -> List[str]:
-    """The inner optimizer's slot names."""
-    return self.inner_optimizer.get_slot_names()
-
-  def variables(self) -> List[tf.Variable]:
-    """The inner optimizer's variables (iterations, hyperparameters, slots)."""
-    return self.inner_optimizer.variables()
-
-  @property
-  def weights(self) -> List[tf.Variable]:
-    """The inner optimizer's weights."""
-    return self.inner_optimizer.weights
-
-  def get_weights(self) -> List[Any]:
-    """The values of the inner optimizer's weights."""
-    return self.inner_optimizer.get_weights()
-
 
 class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
   """Loss scaling around a Keras 2 new optimizer; slots found by variable."""
 
   _kind = families.KERAS2
   _slot_naming = slots.KERAS2
-  # Keras 2's tools for optimizer implementations: the inner optimizer's.
+  # Keras 2's tools for optimizer implementations, and the variables (which
+  # `.keras` files save): the inner optimizer's.
   _INNER_METHODS = frozenset({
       'add_variable', 'add_variable_from_reference', 'aggregate_gradients',
-      'exclude_from_weight_decay', 'update_step', 'finalize_variable_values'})
+      'exclude_from_weight_decay', 'update_step', 'finalize_variable_values',
+      'variables', 'save_own_variables', 'load_own_variables'})
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
                       name: Optional[str] = None,
@@ -171,27 +155,20 @@ class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
     """Applies unscaled gradients if their sums are all finite.
 
     Args:
-      grads_and_vars: `(gradient, variable)` pairs, gradients unscaled.
-      name: Passed to the inner optimizer.
-      skip_gradients_aggregation: Whether the gradients are already sums
-        across replicas.
+      grads_and_vars, name: As `LossScaleOptimizerV2.apply_gradients`.
+      skip_gradients_aggregation: True for sums across replicas.
       **kwargs: Passed to the inner optimizer.
 
     Returns:
       In a TF1 graph, the op that runs the step; None otherwise.
     """
     pairs = list(grads_and_vars)
-    variables = [v for _, v in pairs]
     with tf.init_scope():
       # Where the inner optimizer would build itself, for the variables it
       # would build for (those with a gradient).
       self.build([v for g, v in pairs if g is not None])
-    return self._apply_step(
-        [g for g, _ in pairs],
-        lambda grads: self.inner_optimizer.apply_gradients(
-            list(zip(grads, variables)), name=name,
-            skip_gradients_aggregation=True, **kwargs),
-        summed=skip_gradients_aggregation, variables=variables)
+    return self._apply_pairs(pairs, skip_gradients_aggregation, name=name,
+                             skip_gradients_aggregation=True, **kwargs)
 
   def compute_gradients(self, loss: Any, var_list: Any,
                         tape: Optional[tf.GradientTape] = None
@@ -203,19 +180,6 @@ class _New(slots.SlotsByVariable, private_api.HidesForwardedSlots, _Keras2):
   def build(self, var_list: Sequence[Any]) -> None:
     """Creates the inner optimizer's variables for `var_list`."""
     self._build_inner(var_list)
-
-  @property
-  def variables(self) -> List[tf.Variable]:
-    """The inner optimizer's variables."""
-    return self.inner_optimizer.variables
-
-  def save_own_variables(self, store: Any) -> None:
-    """Saves the inner optimizer's variables into `store` (`.keras` files)."""
-    self.inner_optimizer.save_own_variables(store)
-
-  def load_own_variables(self, store: Any) -> None:
-    """Restores the inner optimizer's variables from `store`."""
-    self.inner_optimizer.load_own_variables(store)
 
   def _new_slot(self, var: Any, slot_name: str,
                 initializer: Any) -> tf.Variable:

@@ -14,18 +14,18 @@ import keras
 import tensorflow as tf
 
 from tf_loss_scale import distribute
-from tf_loss_scale.keras import experimental
-from tf_loss_scale.keras import families
-from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import tf2_members
+from tf_loss_scale.keras.experimental import base
+from tf_loss_scale.keras.shared import families
+from tf_loss_scale.keras.shared import keras3_support
+from tf_loss_scale.keras.shared import tf2_members
 
 
 @keras.saving.register_keras_serializable(
     package='tf_loss_scale.experimental', name='LossScaleOptimizer')
 class LossScaleOptimizer(tf2_members.Keras3Members,
-                         experimental.LossScaleOptimizer,
+                         base.LossScaleOptimizer,
                          keras.optimizers.LossScaleOptimizer):
-  """`experimental.LossScaleOptimizer` around a Keras 3 optimizer."""
+  """`base.LossScaleOptimizer` around a Keras 3 optimizer."""
 
   _keras = keras
   _kind = families.KERAS3
@@ -54,7 +54,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
     return self.inner_optimizer.built
 
   def __init__(self, optimizer: Any,
-               loss_scale: experimental.LossScaleArgument):
+               loss_scale: base.LossScaleArgument):
     super().__init__(optimizer, loss_scale)
     # Read as TF 2.3's (`iterations` below), written as any forwarded name.
     object.__setattr__(self, '_forwarded_names',
@@ -65,7 +65,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
       if not hasattr(variable, 'path'):
         variable.path = f'loss_scale/{variable.name.partition(":")[0]}'
 
-  __init__.__doc__ = experimental.LossScaleOptimizer.__init__.__doc__
+  __init__.__doc__ = base.LossScaleOptimizer.__init__.__doc__
 
   @property
   def iterations(self) -> tf.Variable:
@@ -78,21 +78,13 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
 
   @property
   def variables(self) -> tf2_members.CallableList:
-    """The loss scale's variables, then the inner optimizer's.
-
-    Keras's `save_own_variables` and HDF5 files keep this list. Called,
-    `variables()` is TF 2.3's: `weights`, the inner optimizer's variables
-    but its learning rate.
-    """
+    """The loss scale's variables, then the inner's; called, TF 2.3's."""
     return tf2_members.CallableList(
         list(self.loss_scale.variables) + list(self.inner_optimizer.variables),
         called=self.weights)
 
   def build(self, var_list: Sequence[Any]) -> None:
-    """Creates the inner optimizer's variables for `var_list`.
-
-    For no variables, builds nothing (`tf2_members.Keras3Members.build`).
-    """
+    """Creates the inner optimizer's variables for `var_list` (if any)."""
     var_list = list(var_list)
     if self.inner_optimizer.built or not var_list:
       return
@@ -100,14 +92,7 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
     self._set_held_weights()
 
   def check_finite(self, grads: Iterable[Any]) -> tf.Tensor:
-    """Tells whether every gradient is finite, summed across replicas.
-
-    Args:
-      grads: A list of gradients (None entries are ignored).
-
-    Returns:
-      A scalar bool tensor, the same on every replica.
-    """
+    """Whether each gradient's sum across replicas is finite (bool tensor)."""
     return distribute.read(list(grads)).finite
 
   # ---- the step -----------------------------------------------------------
@@ -116,14 +101,12 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
             trainable_variables: Optional[Sequence[Any]] = None) -> None:
     """Applies gradients of the scaled loss if their sums are all finite.
 
-    Call it in a replica context. As Keras 3's `apply` (which `fit` calls
-    after `scale_loss`), it takes gradients of the scaled loss and unscales
-    them (`tf_loss_scale.keras.protocols`).
+    Call it in a replica context, as Keras 3's `apply` (`fit` calls it after
+    `scale_loss`).
 
     Args:
       grads: One gradient per variable (None allowed).
-      trainable_variables: The variables; optional once the optimizer is
-        built, required the first time.
+      trainable_variables: The variables; required the first time.
 
     Raises:
       ValueError: In a cross-replica context, under an unsupported strategy,
@@ -160,17 +143,17 @@ class LossScaleOptimizer(tf2_members.Keras3Members,
     """Applies the gradients if their sums are all finite.
 
     Args:
-      grads_and_vars: `(gradient, variable)` pairs, as `apply` takes them.
+      grads_and_vars: `(gradient, variable)` pairs.
       name: Optional name scope for the ops.
-      experimental_aggregate_gradients: Must be True: Keras 3 optimizers
-        always sum the gradients across replicas.
+      experimental_aggregate_gradients: Must be True (Keras 3 optimizers
+        always sum across replicas).
 
     Returns:
       The `iterations` variable.
 
     Raises:
-      ValueError: If `experimental_aggregate_gradients` is False, or in a
-        cross-replica context.
+      ValueError: If `experimental_aggregate_gradients` is False, or as
+        `apply`.
     """
     if not experimental_aggregate_gradients:
       raise ValueError(

@@ -1,38 +1,19 @@
 """Reading tf_keras's checkpoint layout into the wrapper of a Keras 3 optimizer.
 
-The wrapper saves Keras's layout, as `keras.optimizers.LossScaleOptimizer`
-does (its own `_iterations`, `_learning_rate` and `_variables`, which never
-move, `step_counter`, `dynamic_scale`, `_trainable_variables`, and the
-inner optimizer under `inner_optimizer`), so that a Keras 3 program writes
-the same file with and without `tf_loss_scale.compat.install()`. tf_keras's
-class cannot read that layout.
+The wrapper saves Keras's layout, as Keras's class, and reads tf_keras's
+too: the inner optimizer's state on the optimizer's node (`_iterations`,
+`_learning_rate`, slot lists such as `_momentums/1`, and `_variables`: the
+step count, then the slots in creation order), plus `loss_scale/*`.
 
-It also reads what tf_keras's `mixed_precision.LossScaleOptimizer` wrote:
-there the optimizer's node holds what the inner optimizer saves, plus
-`loss_scale/current_loss_scale` and `loss_scale/good_steps` when the scale
-is dynamic. A tf_keras optimizer saves `_iterations`, `_learning_rate`
-unless it is a schedule, its slots in lists named by kind, one entry per
-variable (`_momentums/1` is Adam's first moment of the second variable;
-tf_keras's Lion says `momentums` where Keras 3's says `_momentums`), and
-`_variables`: the step count, then the slots in the order it made them
-(Keras 3's optimizers put the learning rate second).
-
-So `_iterations`, `_learning_rate` and `_variables` mean the wrapper's own
+`_iterations`, `_learning_rate` and `_variables` mean the wrapper's own
 variables in Keras's layout and the inner optimizer's in tf_keras's (and in
-a bare optimizer's checkpoint, of either Keras; and `_iterations` in
-this library's earlier layout, Keras's with tf_keras's `loss_scale` and the
-inner step count at `_iterations`). TensorFlow looks a node's
-names up one at a time, in the file's order, so the layout is known only
-once all of them are seen: Keras's when the node holds `inner_optimizer`.
-The first two are left for later, and restored when the checkpoint visits
-`_variables`, after the node's names (or at the build, at the latest), into
-the variables of the layout the file was written in. `_variables/{i}` of
-tf_keras's is read, after the step count, only where Keras 3's optimizer
-orders its slots as its tf_keras namesake does; a checkpoint whose
-positions cannot be read (tf_keras's Adafactor) is refused before anything
-of the optimizer is restored. The slots tf_keras saved by name go to the
-inner optimizer's lists of that name, when it has them (at once, or at its
-build).
+this library's earlier layout). TensorFlow looks a node's names up one at a
+time, so the layout is known once all are seen (Keras's when the node holds
+`inner_optimizer`): those names wait and are restored when the checkpoint
+visits `_variables` (or at the build) into the layout the file was written
+in. tf_keras's `_variables/{i}` is read only where Keras 3's optimizer
+orders its slots as its tf_keras namesake; a file whose positions cannot be
+read (Adafactor) is refused before anything of the optimizer is restored.
 """
 
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -41,7 +22,7 @@ import weakref
 import tensorflow as tf
 
 from tf_loss_scale import private_api
-from tf_loss_scale.keras import keras3_support
+from tf_loss_scale.keras.shared import keras3_support
 
 # The names only Keras 3's wrapper saves: a node holding one was written by
 # Keras's class (or by this one).
@@ -88,19 +69,13 @@ class _Visit:
 class ReadsTfKerasLayout:
   """Reads tf_keras's layout too, into a Keras 3 `LossScaleOptimizer`.
 
-  A mixin before the wrapper's Keras 3 class, which saves Keras's layout.
-  The subclass has `inner_optimizer` from its construction and calls
-  `_start_reading_tf_keras()` then, `_read_tf_keras_scale_into()` once it
-  has `dynamic_scale` and `step_counter` (a scale read before restores into
-  them then), and `_restore_left_for_inner()` at the end of its `build`;
-  it has `_every_child()` (`private_api.SavedModelOnlyChildren`) and
-  `_follow_tf_keras()`, called when a restore shows tf_keras's layout: the
-  program that reads tf_keras's file is of TF 2.4-2.15.
-
-  Once it has read tf_keras's file, the wrapper's checkpoints leave out what
-  Keras's layout holds and tf_keras's has no place for (the wrapper's own
-  step count, learning rate and variable lists, which never move): so that
-  the restore matches every object of the program, as tf_keras's did.
+  A mixin before the wrapper's Keras 3 class. The subclass calls
+  `_start_reading_tf_keras()` when constructed, `_read_tf_keras_scale_into()`
+  once it has `dynamic_scale` and `step_counter`, and
+  `_restore_left_for_inner()` at the end of `build`; it has `_every_child()`
+  and `_follow_tf_keras()` (a program reading tf_keras's file is of TF
+  2.4-2.15). After reading tf_keras's file, its checkpoints leave out what
+  tf_keras's layout has no place for, so the restore matches every object.
   """
 
   def _children_checkpoints_leave_out(self) -> Tuple[str, ...]:
@@ -212,12 +187,7 @@ class ReadsTfKerasLayout:
         if not any(v is counter for counter in counters)]
 
   def _refuse_other_variables(self) -> None:
-    """Refuses tf_keras's positions for an inner optimizer that differs.
-
-    Raises:
-      ValueError: For an inner optimizer whose variables differ from those
-        of its tf_keras namesake.
-    """
+    """Refuses tf_keras's positions for an inner optimizer that differs."""
     name = type(self.inner_optimizer).__name__
     if _from_keras(self.inner_optimizer) and (
         name in _OTHER_VARIABLES_THAN_TF_KERAS):

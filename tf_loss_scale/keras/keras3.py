@@ -22,8 +22,8 @@ from tf_loss_scale import private_api
 from tf_loss_scale import step
 from tf_loss_scale import step_record
 # First: refuses an unsupported Keras before anything subclasses Keras 3's.
-from tf_loss_scale.keras import keras3_support
-from tf_loss_scale.keras import protocols
+from tf_loss_scale.keras.shared import keras3_support
+from tf_loss_scale.keras.shared import protocols
 
 # Keras's class grows and shrinks its scale by 2; so does this one.
 _MULTIPLIER = 2.0
@@ -72,11 +72,10 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
                          keras.optimizers.LossScaleOptimizer):
   """Dynamic loss scaling around a Keras 3 optimizer, as in Keras 3.
 
-  A drop-in for `keras.optimizers.LossScaleOptimizer`: same arguments,
-  config, variables and messages, so models, `.keras` files, state trees
-  and checkpoints move between the two classes both ways. A skipped step
-  changes no model or inner optimizer variable and halves the scale;
-  `dynamic_growth_steps` finite steps in a row double it.
+  A drop-in for `keras.optimizers.LossScaleOptimizer` (same arguments,
+  config, variables, messages and files, both ways). A skipped step changes
+  no variable but halves the scale; `dynamic_growth_steps` finite steps in
+  a row double it.
 
   Custom loop:
 
@@ -98,22 +97,20 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     """Wraps `inner_optimizer`.
 
     Args:
-      inner_optimizer: The Keras 3 optimizer that applies the gradients. Its
-        `loss_scale_factor` is set to None, as Keras's class does.
+      inner_optimizer: The Keras 3 optimizer that applies the gradients (its
+        `loss_scale_factor` is set to None, as by Keras's class).
       initial_scale: The first loss scale, a finite number of at least 1.
       dynamic_growth_steps: Finite steps in a row after which the scale
         doubles, an integer of at least 1.
       name: The optimizer's name.
-      **kwargs: As Keras's class: `dynamic=True`, and the base optimizer
-        arguments only at their defaults (as found in old configs).
+      **kwargs: `dynamic=True`, and base optimizer arguments at defaults.
 
     Raises:
       TypeError: If `inner_optimizer` is not a Keras 3 optimizer, or a
         number is of the wrong type.
-      ValueError: With Keras's messages for `dynamic=False`, a base optimizer
-        argument (set it on the inner optimizer) or an unknown argument; for
-        an out of range number, an inner optimizer that is a loss scale
-        optimizer or is already wrapped; or under an unsupported strategy.
+      ValueError: With Keras's messages for `dynamic=False`, a base
+        optimizer argument or an unknown one; for an out of range number, an
+        inner optimizer already wrapped; under an unsupported strategy.
     """
     guards.check_new_wrapper(inner_optimizer, self._FORM, self,
                              exclusive=self._wraps_exclusively())
@@ -143,10 +140,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     return True
 
   def _scale_floor(self) -> Optional[float]:
-    """The floor: the lowest `initial_scale` taken, never gone below.
-
-    1 for this class; None (no floor) for a subclass that has none.
-    """
+    """The lowest scale taken and kept (None: no floor, for a subclass)."""
     return 1.0
 
   def build(self, var_list: Sequence[Any]) -> None:
@@ -162,7 +156,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     # The skip report's flags, one per variable, made now so that they are
     # not created while Keras traces its train function.
     self._monitor.create(step_record.gradient_names(var_list))
-    self._scratch.remember_build(var_list)
+    self._scratch.built_with = list(var_list)
 
   def _saved_model_only_children(self) -> Dict[str, Any]:
     # A traced `apply` captures the record, which checkpoints leave out.
@@ -179,26 +173,17 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     return self._monitor.last_step_skipped()
 
   def check_finite(self, grads: Sequence[Any]) -> tf.Tensor:
-    """Tells whether every gradient is finite (None entries are ignored).
-
-    Args:
-      grads: A list of gradients.
-
-    Returns:
-      A scalar bool tensor. In a replica context of a strategy, the same on
-      every replica, and False also when the sum across replicas overflows.
-    """
+    """Whether each gradient's sum across replicas is finite (bool tensor)."""
     return distribute.read(list(grads)).finite
 
   def scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
     """Multiplies a loss by the current scale (`initial_scale` before build).
 
     Args:
-      loss: A loss tensor (the scale is cast to its dtype), or a
-        zero-argument callable returning one.
+      loss: A loss tensor, or a zero-argument callable returning one.
 
     Returns:
-      The scaled loss, or for a callable a callable returning it.
+      The scaled loss (in its dtype), or a callable returning it.
     """
     return gradients.scale_loss(loss, self._current_scale())
 
@@ -211,29 +196,22 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
             trainable_variables: Optional[Sequence[Any]] = None) -> None:
     """Applies the gradients of the scaled loss if they are finite.
 
-    Call it in a replica context (inside `strategy.run`, or with no
-    strategy), as Keras's class requires.
-
     Args:
       grads: One gradient per variable (None allowed), of the scaled loss.
       trainable_variables: The variables; optional once built.
 
     Raises:
-      ValueError: In a cross-replica context, under an unsupported strategy,
-        or when the optimizer's variables were not created in the current
-        strategy's scope.
+      ValueError: In a cross-replica context (as Keras's class), under an
+        unsupported strategy, or for variables made outside its scope.
     """
     self._apply(grads, trainable_variables)
 
-  # Whether, on a step of TensorFlow's protocol (unscaled gradients), the
-  # inner optimizer gets the gradients summed across replicas (then it clips
-  # the sums), or each replica's, which it sums itself after clipping them,
-  # as under Keras's class.
+  # Whether, on a step of unscaled gradients, the inner optimizer gets their
+  # sums across replicas (and clips the sums), or each replica's, as under
+  # Keras's class.
   _INNER_GETS_SUMS = False
-  # Whether, when the inner optimizer sums each replica's gradients, the
-  # step still decides on the exact sums (`step.apply_step`), as Keras's
-  # class applies any finite sum, at the cost of one more all-reduce; this
-  # class decides on a bound (docs/differences.md).
+  # Whether the step decides on the exact sums when the inner optimizer sums
+  # (one more all-reduce), or on a bound (docs/differences.md).
   _DECIDES_ON_SUMS = False
 
   def _apply(self, grads: Sequence[Any],
@@ -276,22 +254,20 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       trainable_variables: Sequence[Any]) -> Tuple[List[Any], List[Any]]:
     """Computes one step from values; assigns nothing of this optimizer.
 
-    Keras's stateless pattern, on the TensorFlow backend too: the inner
-    optimizer's update runs on a copy of it (with its current settings)
-    over scratch variables loaded with the given values.
+    On the TensorFlow backend too: the inner optimizer's update runs on a
+    copy of it over scratch variables loaded with the given values.
 
     Args:
       optimizer_variables: Values for `self.variables`, in that order.
       grads: Gradients of the scaled loss, one per trainable variable.
-      trainable_variables: Values for the variables the optimizer was built
-        with, in that order.
+      trainable_variables: Values for the variables it was built with.
 
     Returns:
       `(new_trainable_values, new_optimizer_values)`.
 
     Raises:
-      ValueError: If the optimizer is not built, the lists have the wrong
-        lengths, or a strategy is in use.
+      ValueError: Unbuilt, for lists of the wrong lengths, or under a
+        strategy.
     """
     if not self.built:
       raise ValueError(
@@ -340,9 +316,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   def _on_skipped_step(self, given_unscaled: bool) -> Any:
     """Runs once, cross-replica, on a skipped step: Keras's counts nothing.
 
-    Args:
-      given_unscaled: Whether the apply took unscaled gradients (TensorFlow's
-        protocol, `tf_loss_scale.keras.protocols`).
+    `given_unscaled`: whether the apply took unscaled gradients.
     """
     del given_unscaled
 
@@ -351,9 +325,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
                     method: Optional[str] = 'apply') -> Optional[List[bool]]:
     """Every gradient given to an apply is of the scaled loss, as Keras's.
 
-    `method` names the apply in messages; None is `apply_gradients`, the
-    one method whose gradients a subclass may take as given
-    (`protocols.TwoProtocols._scaled_flags`).
+    `method`: as `protocols.TwoProtocols._scaled_flags` takes it.
     """
     return protocols.scaled_flags(grads, variables,
                                   method or 'apply_gradients')
@@ -369,12 +341,7 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
                  ) -> 'LossScaleOptimizer':
     """Recreates the optimizer from `get_config()` of this class or Keras's.
 
-    Args:
-      config: The config (not modified).
-      custom_objects: Names to classes, for a custom inner optimizer.
-
-    Returns:
-      A new, unbuilt `LossScaleOptimizer`.
+    Args and return value as Keras's; `config` is not modified.
     """
     return super().from_config(dict(config), custom_objects=custom_objects)
 
@@ -443,10 +410,6 @@ class _Scratch:
     self._layout = None
     self._copy = None
     self.built_with = []
-
-  def remember_build(self, var_list: Sequence[Any]) -> None:
-    """Records `build`'s model variables."""
-    self.built_with = list(var_list)
 
   def matching(self, inner: keras.optimizers.Optimizer,
                model_variables: List[Any]) -> '_ScratchCopy':
@@ -535,12 +498,10 @@ def _settings(config: Dict[str, Any]) -> Dict[str, Any]:
 
 def _refuse_overwritten_on_replicas(variables: Sequence[Any],
                                     where: str) -> None:
-  """Refuses sums for variables Keras overwrites with their "gradient".
+  """Refuses, under several replicas, sums for `overwrite_with_gradient`.
 
-  Raises:
-    ValueError: Under several replicas, if a variable has
-      `overwrite_with_gradient` (float8 scaling factors): each replica's
-      value, not a sum, is what Keras assigns to it.
+  Keras assigns each replica's "gradient" (a float8 scaling factor) to such
+  a variable: a sum would multiply it.
   """
   if not tf.distribute.has_strategy() or (
       tf.distribute.get_strategy().num_replicas_in_sync == 1):

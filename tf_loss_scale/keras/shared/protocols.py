@@ -1,28 +1,20 @@
 """Which gradients an apply takes: told by the program's scaling calls.
 
-Keras 3's protocol (`scale_loss`, then an apply of the gradients of the
-scaled loss, as Keras 3's `fit` calls them) and TensorFlow's
-(`get_scaled_loss`, `get_unscaled_gradients`, then `apply_gradients` of
-unscaled ones) on one optimizer, which may serve both over its life (a
-`fit` warm-up, then a TF 2.4-2.15 custom loop, then `fit` again):
+One optimizer may serve Keras 3's protocol (`scale_loss`, then an apply of
+gradients of the scaled loss, as `fit`) and TensorFlow's (`get_scaled_loss`,
+`get_unscaled_gradients`, then `apply_gradients` of unscaled ones) over its
+life:
 
-- `apply` and `stateless_apply` take gradients of the scaled loss, always
-  (neither existed before Keras 3);
-- `apply_gradients` takes gradients of the scaled loss until the program
-  follows TensorFlow's protocol (the form says when: TF 2.4-2.15's from its
-  first `get_scaled_loss`, `get_unscaled_gradients` or `dynamic=`, TF
-  2.3's from construction), as Keras 3's class does;
-- once it does, `apply_gradients` takes them as given, but for an apply in
-  the same graph (the same traced function, or eager code) as the latest
-  scaling call when that was `scale_loss` (a step of `fit`, or of a
-  Keras 3 loop), and warns, naming the method forgotten, when
-  `get_scaled_loss` or `get_unscaled_gradients` was never called, as
-  tf_keras's class warned.
-
-Nothing is consumed by an apply: a `tf.function` runs its Python once,
-replica threads interleave around `merge_call`, a step may be split across
-eager code and a traced function or apply twice, and every one of those
-shapes decides alike. See docs/differences.md.
+- `apply` and `stateless_apply` always take gradients of the scaled loss;
+- `apply_gradients` does too until the program follows TensorFlow's
+  protocol (TF 2.4-2.15's form: from its first `get_scaled_loss`,
+  `get_unscaled_gradients` or `dynamic=`; TF 2.3's: from construction);
+- then it takes them as given, but in the same graph as a latest scaling
+  call that was `scale_loss` (a step of `fit`), and warns, as tf_keras's
+  class did, when `get_scaled_loss` or `get_unscaled_gradients` was never
+  called.
+Nothing is consumed by an apply: traced functions, replica threads and
+split steps decide alike.
 """
 
 import weakref
@@ -49,7 +41,7 @@ def scaled_flags(grads: Sequence[Any],
 
   Returns:
     One bool per gradient: False for variables Keras overwrites with their
-    "gradient" (float8 scaling factors receive values, not derivatives).
+    "gradient" (float8 scaling factors).
 
   Raises:
     ValueError: If `grads` and `variables` differ in length.
@@ -111,8 +103,7 @@ class TwoProtocols:
     """Divides gradients of a scaled loss by the current loss scale.
 
     Args:
-      grads: A list of gradients; `None` entries and `tf.IndexedSlices` are
-        kept as they are (slices rescaled, still sparse).
+      grads: A list of gradients (None kept; `tf.IndexedSlices` stay sparse).
 
     Returns:
       A new list of the same length, each gradient in its own dtype.
@@ -125,15 +116,10 @@ class TwoProtocols:
                     method: Optional[str] = None) -> Optional[List[bool]]:
     """`step.apply_step`'s `scaled` for one apply.
 
-    Args:
-      grads: The gradients the apply was given.
-      variables: Their variables, or None to mark every gradient.
-      method: The name of a method that takes gradients of the scaled loss
-        always (`apply`, `stateless_apply`), or None for `apply_gradients`.
-
-    Returns:
-      The flags of `scaled_flags` when the apply takes gradients of the
-      scaled loss; None when it takes them as given.
+    `method` is `apply` or `stateless_apply` (always gradients of the scaled
+    loss), or None for `apply_gradients`. Returns `scaled_flags` when the
+    apply takes gradients of the scaled loss; None when it takes them as
+    given.
     """
     if (method is not None or not self._follows_tensorflow() or
         self._scale_loss_in_this_graph()):

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tf_loss_scale import guards
 from tf_loss_scale import loss_scale as loss_scale_lib
-from tf_loss_scale.keras import experimental
+from tf_loss_scale.keras.experimental import base
 
 _keras = tf.keras
 # Keras 3.3's layers take only its float (and quantized) policy class.
@@ -33,8 +33,7 @@ class Policy(_KerasPolicy):
     Args:
       name: A Keras policy name, e.g. `'mixed_float16'` or `'float32'`.
       loss_scale: `'auto'` (`'dynamic'` for `'mixed_float16'`, else None),
-        None, `'dynamic'`, a number (fixed), a `LossScale` (kept as it is)
-        or a serialized one. `Model.compile` trains with it.
+        None, or as the experimental `LossScaleOptimizer` takes it.
 
     Raises:
       TypeError, ValueError: If `name` or `loss_scale` is none of these.
@@ -48,7 +47,7 @@ class Policy(_KerasPolicy):
       logging.warning('Policy %r computes in %s, which needs no loss_scale '
                       '(got %r).', name, self.compute_dtype, loss_scale)
     self._loss_scale = (None if loss_scale is None else
-                        experimental.loss_scale_from(loss_scale))
+                        base.loss_scale_from(loss_scale))
 
   @property
   def loss_scale(self) -> Optional[loss_scale_lib.LossScale]:
@@ -97,28 +96,22 @@ def compile_with_policy_loss_scale(
 ) -> Callable[..., Any]:
   """Wraps `Model.compile` to apply the loss scale of the model's `Policy`.
 
-  As TF 2.3's did: the optimizer of a model whose `Policy` has a loss scale
-  is wrapped in the experimental `LossScaleOptimizer` with it, unless it is
-  a loss scale optimizer; with a `Policy` without one, Keras 3 is told not
-  to add its own.
-
-  With `tf24_form` (on Keras 3, where `compat.install()` names it
-  `tf.keras.mixed_precision.LossScaleOptimizer`), a Keras
-  `LossScaleOptimizer` that `compile` itself made (under `mixed_float16`)
-  is replaced by `tf24_form` with the same inner optimizer, settings and
-  name: code of TF 2.4-2.15 asks whether the compiled optimizer is an
-  instance of that name, and would otherwise take its branch for a model
-  without loss scaling. Keras records the optimizer it was given in the
-  model's compile config, so saved models do not name `tf24_form`.
+  As TF 2.3's: the optimizer of a model whose `Policy` has a loss scale is
+  wrapped in the experimental `LossScaleOptimizer` with it, unless it is a
+  loss scale optimizer; with a `Policy` without one, Keras 3 is told not to
+  add its own. With `tf24_form`, a Keras `LossScaleOptimizer` that
+  `compile` made (under `mixed_float16`) is replaced by `tf24_form` with
+  the same inner optimizer, settings and name, so that TF 2.4-2.15 code
+  asking `isinstance` of that name takes its loss scale branch (saved
+  models still name the optimizer given to `compile`).
 
   Args:
     compile_fn: The `compile` to wrap, a function taking the model first.
     tf24_form: The class that replaces a compile-made Keras 3
-      `LossScaleOptimizer`, or None to keep Keras's.
+      `LossScaleOptimizer`, or None.
 
   Returns:
-    The wrapping function, to be set as `compile` on the class that
-    defines `compile_fn`.
+    The wrapper, for the class that defines `compile_fn`.
   """
   can_refuse_scaling = 'auto_scale_loss' in inspect.signature(
       compile_fn).parameters
@@ -131,8 +124,7 @@ def compile_with_policy_loss_scale(
     if isinstance(policy, Policy) and policy.loss_scale is not None:
       optimizer = _keras.optimizers.get(optimizer)
       if not guards.is_loss_scale_optimizer(optimizer):
-        optimizer = experimental.LossScaleOptimizer(optimizer,
-                                                    policy.loss_scale)
+        optimizer = base.LossScaleOptimizer(optimizer, policy.loss_scale)
     elif isinstance(policy, Policy) and can_refuse_scaling:
       kwargs.setdefault('auto_scale_loss', False)
     result = compile_fn(model, optimizer, *args, **kwargs)

@@ -94,7 +94,7 @@ def namespace_for(kind: str) -> types.ModuleType:
     kind: One of `KINDS`.
 
   Returns:
-    `tf.keras` when it is of that family; otherwise `keras` or `tf_keras`.
+    `tf.keras` if of that family, else `keras` or `tf_keras`.
 
   Raises:
     ImportError: If no Keras of that family is installed.

@@ -4,18 +4,9 @@ Supported: Keras 3.3.3 (the Keras of TensorFlow 2.16) and later; tested
 with 3.3.3 and 3.15.1. Importing this module raises ImportError, naming
 those versions, under an older Keras (or Keras 2), so the Keras 3 form
 imports it before anything that subclasses Keras 3's classes.
-
-Keras's own `LossScaleOptimizer` changed between the supported releases:
-- before 3.9 its `iterations` was a counter of its own that never advanced
-  (from 3.9, the inner optimizer's);
-- before 3.10 it left the inner optimizer's `loss_scale_factor` set, which
-  divided the gradients a second time;
-- before 3.12 it accepted the base optimizer arguments (`clipnorm`,
-  `use_ema`, ...) and ignored them, listed them in its config, and did not
-  run the base optimizer's `build`.
-Keras's TensorFlow optimizers themselves did not sum gradients across
-replicas before 3.5: the Keras 3 forms refuse to run on several replicas
-there (`check_replicas_are_summed`) rather than train them apart.
+The constants below say where the releases differ, each with why. (Keras's
+class before 3.10 also left the inner optimizer's `loss_scale_factor` set,
+dividing the gradients twice: the Keras 3 form always clears it.)
 """
 
 import re
@@ -39,8 +30,8 @@ def release(version: str) -> Tuple[int, ...]:
 RELEASE = release(keras.__version__)
 
 # Keras's TensorFlow optimizers sum the gradients across replicas in their
-# `apply` from 3.5 on; before, each replica applied its own gradients and the
-# copies of every mirrored variable drifted apart.
+# `apply` from 3.5 on; before, mirrored copies drifted apart (the Keras 3
+# forms refuse several replicas there: `check_replicas_are_summed`).
 OPTIMIZER_SUMS_ACROSS_REPLICAS = RELEASE >= (3, 5)
 
 # Keras's optimizers name and order what they save in a checkpoint as
@@ -48,8 +39,8 @@ OPTIMIZER_SUMS_ACROSS_REPLICAS = RELEASE >= (3, 5)
 # only then are tf_keras's slot positions read into them.
 SAVES_AS_TF_KERAS = RELEASE >= (3, 12)
 
-# Keras's class itself refuses the base optimizer arguments, keeps its
-# config to its own arguments and runs the base optimizer's build.
+# Keras's class refuses the base optimizer arguments (before, it took and
+# ignored them), keeps them out of its config and runs the base's build.
 CLASS_RUNS_BASE_BUILD = RELEASE >= (3, 12)
 
 # Keras's variables take aggregation 'none' from 3.7, when Keras began to

@@ -1,0 +1,1 @@
+"""What the Keras front ends share: families, protocols, members, slots."""
