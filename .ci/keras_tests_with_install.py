@@ -165,7 +165,7 @@ def _groups(scratch: str) -> List[Group]:
       rebinds=True)
   tf_keras = Group(
       'tf_keras',
-      ['-p', 'no:cacheprovider', '-q', '-k', _TF_KERAS_SELECTION,
+      ['-p', 'no:cacheprovider', '-q', '--full', '-k', _TF_KERAS_SELECTION,
        *_TF_KERAS_FILES],
       dict(base_env, TF_USE_LEGACY_KERAS='1'), _CHECKOUT)
   return [keras, keras_class, tf_keras]

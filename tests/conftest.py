@@ -24,3 +24,19 @@ def mirrored_strategy():
   ("Shape mismatch in the collective instance"), so every test shares one.
   """
   return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      '--full', action='store_true',
+      help='also run the tests marked slow (the full tier; docs/testing.md)')
+
+
+def pytest_collection_modifyitems(config, items):
+  """Leaves the tests marked slow out unless --full is given."""
+  if config.getoption('--full'):
+    return
+  slow = [item for item in items if item.get_closest_marker('slow')]
+  if slow:
+    config.hook.pytest_deselected(items=slow)
+    items[:] = [item for item in items if not item.get_closest_marker('slow')]
