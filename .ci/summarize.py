@@ -15,7 +15,8 @@ import re
 import sys
 
 _RUNS = {
-    'readme': ('readme', 'the README\'s command (every test file)'),
+    'readme': ('readme', 'the README\'s test command (the fast tier)'),
+    'readme-full': ('readme', 'the README\'s full suite command (--full)'),
     'tf212': ('tf212', 'heavy files, legacy programs and compat_keras left '
               'to readme and tf215'),
     'tf215': ('tf215', 'heavy files left to readme'),
