@@ -31,7 +31,8 @@ differs, and exits 1 if, in either run of a group:
             `keras.mixed_precision.LossScaleOptimizer` (the run fails if
             the plugin did not rebind the name). Each file must run a test.
   tf_keras  This library's tests of compile, fit and saving under tf_keras
-            (TF_USE_LEGACY_KERAS=1), with the checkout's pytest setup.
+            (TF_USE_LEGACY_KERAS=1), with the checkout's pytest setup
+            and --full (the slow ones too).
 
 The JUnit XML reports and pytest's output go to LOGS_DIR.
 """
@@ -165,7 +166,7 @@ def _groups(scratch: str) -> List[Group]:
       rebinds=True)
   tf_keras = Group(
       'tf_keras',
-      ['-p', 'no:cacheprovider', '-q', '-k', _TF_KERAS_SELECTION,
+      ['-p', 'no:cacheprovider', '-q', '--full', '-k', _TF_KERAS_SELECTION,
        *_TF_KERAS_FILES],
       dict(base_env, TF_USE_LEGACY_KERAS='1'), _CHECKOUT)
   return [keras, keras_class, tf_keras]

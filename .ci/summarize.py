@@ -15,12 +15,13 @@ import re
 import sys
 
 _RUNS = {
-    'readme': ('readme', 'the README\'s command (every test file)'),
+    'readme': ('readme', 'the README\'s test command (the fast tier)'),
+    'readme-full': ('readme', 'the README\'s full suite command (--full)'),
     'tf212': ('tf212', 'heavy files, legacy programs and compat_keras left '
-              'to readme and tf215'),
-    'tf215': ('tf215', 'heavy files left to readme'),
+              'to readme-full and tf215'),
+    'tf215': ('tf215', 'heavy files left to readme-full'),
     'tf216': ('tf216', 'heavy files but the file matrix and Keras files '
-              'with install(), and tf_keras children, left to readme'),
+              'with install(), and tf_keras children, left to readme-full'),
     'tf221-legacy': ('readme', 'the README\'s .venv, TF_USE_LEGACY_KERAS=1; '
                      'the files that reach tf.keras in their own process'),
     'originals': ('readme', "tests/test_surface.py, tests/test_traces.py "

@@ -24,3 +24,60 @@ def mirrored_strategy():
   ("Shape mismatch in the collective instance"), so every test shares one.
   """
   return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+
+
+# Tests of the full tier only, by id (a prefix: every parametrization),
+# beside the files and parametrizations marked slow where they are defined.
+# Each is covered in the fast tier by a cheaper test (docs/testing.md).
+_FULL_TIER_ONLY = (
+    'tests/test_compat.py::test_tf23_mixed_precision_guide_runs_unmodified_'
+    'after_install[legacy_keras]',
+    'tests/test_compat_keras.py::test_keras_file_saved_with_or_without_'
+    'install_loads_with_or_without_it',
+    'tests/test_compat_keras.py::test_install_patches_compile_on_the_class_'
+    'defining_it_and_uninstall_restores[tf_keras]',
+    'tests/test_demo.py::test_mirrored_runs_record_consistent_results',
+    'tests/test_demo.py::test_cli_prints_the_table_and_writes_results[keras]',
+    'tests/test_demo.py::test_cli_prints_the_table_and_writes_results'
+    '[experimental]',
+    'tests/test_demo.py::test_cli_keeps_onednn_on_when_asked',
+    'tests/test_demo.py::test_cli_output_is_quiet_and_every_printed_command_'
+    'works',
+    'tests/test_experimental_namespace.py::test_policy_loss_scale_as_tf23_'
+    'defined_it[legacy_keras]',
+    'tests/test_inspect.py::test_command_line_errors_are_one_line_without_'
+    'tensorflow_log',
+    'tests/test_keras_experimental_tf_keras.py::test_hdf5_model_loads_in_a_'
+    'fresh_process_that_imports_the_form[legacy]',
+    'tests/test_keras_experimental_tf_keras.py::test_wrapping_under_mixed_'
+    'bfloat16_warns_once[keras2-',
+    'tests/test_keras_mixed_precision.py::test_tf_keras_checkpoints_restore_'
+    'whole_into_this_class[momentum]',
+    'tests/test_keras_mixed_precision.py::test_tf_keras_checkpoints_restore_'
+    'whole_into_this_class[sgd]',
+    'tests/test_keras_releases.py::test_smoke_checks_of_the_installed_keras_'
+    'release',
+    'tests/test_optimizer_v1.py::test_training_inside_a_while_loop_matches_'
+    'tensorflow[v1]',
+    'tests/test_run_command.py::test_children_are_set_up_as_the_program[2-1]',
+    'tests/test_run_command.py::test_children_are_set_up_as_the_program[3-',
+)
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      '--full', action='store_true',
+      help='also run the tests marked slow (the full tier; docs/testing.md)')
+
+
+def pytest_collection_modifyitems(config, items):
+  """Leaves the tests marked slow out unless --full is given."""
+  for item in items:
+    if item.nodeid.startswith(_FULL_TIER_ONLY):
+      item.add_marker(pytest.mark.slow)
+  if config.getoption('--full'):
+    return
+  slow = [item for item in items if item.get_closest_marker('slow')]
+  if slow:
+    config.hook.pytest_deselected(items=slow)
+    items[:] = [item for item in items if not item.get_closest_marker('slow')]

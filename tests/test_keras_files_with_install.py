@@ -29,6 +29,9 @@ import versions
 
 versions.KERAS_3.require()
 
+# The full tier only (docs/testing.md).
+pytestmark = pytest.mark.slow
+
 _PROGRAM = '''
 import json, os, sys
 import numpy as np

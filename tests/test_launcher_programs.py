@@ -30,6 +30,9 @@ import pytest
 import fresh_process
 import versions
 
+# The full tier only (docs/testing.md).
+pytestmark = pytest.mark.slow
+
 _PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'legacy',
                          'launcher')
 _ORIGINALS = os.environ.get('TF_LOSS_SCALE_ORIGINALS', os.path.join(

@@ -47,6 +47,9 @@ helper_maybe_wrap) the library's class on Keras 3 (TensorFlow 2.16+ without
 
 A few programs also run through `python -m tf_loss_scale run`, under the
 Keras 2 it chooses and under `--keras 3`.
+
+The fast tier runs one program of each generation (`_FAST`); `--full` runs
+them all, and the runs through `run`.
 """
 
 import concurrent.futures
@@ -242,9 +245,18 @@ RUNS = [(program, legacy_keras)
         versions.LEGACY_KERAS_REQUESTED]
 
 
+# The runs of the fast tier, one program of each generation; the others are
+# marked slow (docs/testing.md).
+_FAST = {('tf1_session_dynamic.py', False),
+         ('tf23_custom_loop_dynamic.py', False),
+         ('tf24_fit_then_loop.py', False),
+         ('keras3_both_names.py', False)}
+
+
 def _param(program: Program, legacy_keras: bool) -> Any:
+  fast = (program.name, legacy_keras) in _FAST
   return pytest.param(
-      program, legacy_keras,
+      program, legacy_keras, marks=() if fast else pytest.mark.slow,
       id=f'{program.name[:-3]}-{"tf_keras" if legacy_keras else "tf.keras"}')
 
 
@@ -377,6 +389,7 @@ def _assert_made(name: str, made: List[str], legacy_keras: bool) -> None:
       f'{name} under {where} made {made}, expected {expected}')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name,keras', _RUN_COMMAND,
                          ids=[f'{n[:-3]}-keras{k}' for n, k in _RUN_COMMAND])
 def test_legacy_program_through_run_command(name, keras, program_runs):
