@@ -220,3 +220,74 @@ def test_the_keras_modules_import_each_other_without_a_cycle():
 
   for module in sorted(graph):
     visit(module)
+
+
+# The modules `.keras` files of the library's Keras 3 classes named before
+# the Keras folder was laid out by generation: new -> earlier.
+_EARLIER_MODULES = {
+    'tf_loss_scale.keras.keras3': 'tf_loss_scale.keras.loss_scale_optimizer',
+    'tf_loss_scale.keras.experimental.keras3':
+        'tf_loss_scale.keras.experimental_keras3',
+}
+
+_LOAD_WITHOUT_THE_LIBRARY = '''
+import json, sys
+import keras
+results = {}
+for path in sys.argv[1:]:
+  try:
+    model = keras.models.load_model(path)
+  except TypeError as e:
+    results[path] = 'TypeError: ' + str(e)[:200]
+  else:
+    opt = model.optimizer
+    # Keras 3 before 3.5 counts the wrapper's own steps apart: the inner
+    # optimizer's count is the one every Keras 3 restores.
+    results[path] = [type(opt).__module__,
+                     int(opt.inner_optimizer.iterations.numpy())]
+results['library_imported'] = 'tf_loss_scale' in sys.modules
+print(json.dumps(results))
+'''
+
+
+@pytest.mark.parametrize('modules', ['current', 'earlier'])
+def test_keras_files_load_by_the_module_they_name(tmp_path, modules):
+  import zipfile  # pylint: disable=g-import-not-at-top
+  keras = keras_families.keras3_or_none()
+  if keras is None:
+    pytest.skip('the `.keras` files of Keras 3 classes need Keras 3')
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras import LossScaleOptimizer  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
+  paths = []
+  for name, opt in (
+      ('keras3', LossScaleOptimizer(keras.optimizers.SGD(0.1))),
+      ('experimental', experimental.LossScaleOptimizer(
+          keras.optimizers.SGD(0.1), 'dynamic'))):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=opt, loss='mse')
+    model.fit(np.ones((4, 2)), np.ones((4, 1)), epochs=3, verbose=0)
+    saved = str(tmp_path / f'{name}.keras')
+    model.save(saved)
+    path = str(tmp_path / f'{name}-{modules}.keras')
+    with zipfile.ZipFile(saved) as source, zipfile.ZipFile(path, 'w') as out:
+      for item in source.infolist():
+        data = source.read(item)
+        if modules == 'earlier' and item.filename == 'config.json':
+          text = data.decode()
+          named = [m for m in _EARLIER_MODULES if f'"{m}"' in text]
+          assert len(named) == 1, (name, named)
+          data = text.replace(f'"{named[0]}"',
+                              f'"{_EARLIER_MODULES[named[0]]}"').encode()
+        out.writestr(item, data)
+    paths.append(path)
+  result = fresh_process.run_json(['-c', _LOAD_WITHOUT_THE_LIBRARY] + paths)
+  if any(isinstance(r, str) and 'Could not locate' in r
+         for r in result.values()):
+    pytest.skip(f'Keras {keras.__version__} loads only registered classes '
+                'of packages other than its own (from Keras 3.9)')
+  assert result == {
+      paths[0]: ['tf_loss_scale.keras.keras3', 3],
+      paths[1]: ['tf_loss_scale.keras.experimental.keras3', 3],
+      'library_imported': True,
+  }
