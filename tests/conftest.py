@@ -61,6 +61,35 @@ _FULL_TIER_ONLY = (
     'tensorflow[v1]',
     'tests/test_run_command.py::test_children_are_set_up_as_the_program[2-1]',
     'tests/test_run_command.py::test_children_are_set_up_as_the_program[3-',
+    'tests/test_xla_passes.py::test_an_exact_check_under_xla_is_one_pass_'
+    'with_the_skip_report_in_it',
+    'tests/test_compat.py::test_tf23_mixed_precision_guide_runs_unmodified_'
+    'after_install[default]',
+    'tests/test_compat_keras.py::test_isinstance_train_step_trains_after_'
+    'install_as_tf_keras_class_does',
+    'tests/test_compat_keras.py::test_tf_keras_loss_scale_optimizer_config_'
+    'deserializes_while_installed',
+    'tests/test_compat_keras.py::test_compile_made_keras_wrapper_is_replaced_'
+    'only_while_installed',
+    'tests/test_run_command.py::test_after_tensorflow_was_imported_a_fresh_'
+    'interpreter_runs_it',
+    'tests/test_run_command.py::test_without_tf_keras_says_how_to_get_it',
+    'tests/test_experimental_namespace.py::test_policy_loss_scale_as_tf23_'
+    'defined_it[default]',
+    'tests/test_keras_experimental_tf_keras.py::test_hdf5_model_loads_in_a_'
+    'fresh_process_that_imports_the_form[new]',
+    'tests/test_keras_experimental_tf_keras.py::test_wrapping_under_mixed_'
+    'bfloat16_warns_once[keras3-',
+    'tests/test_keras_releases.py::test_a_keras_3_older_than_the_oldest_'
+    'supported_is_refused',
+    'tests/test_package_imports.py::test_import_loads_no_keras_module_beyond_'
+    'tensorflows[legacy_keras]',
+    'tests/test_multi_worker.py::test_parameter_server_strategy_is_refused_'
+    'at_construction_and_apply',
+    'tests/test_keras_mixed_precision_checkpoints.py::test_tf_keras_'
+    'checkpoint_restores_whole_under_a_mirrored_strategy[adam-built]',
+    'tests/test_keras_mixed_precision_checkpoints.py::test_tf_keras_'
+    'checkpoint_restores_whole_under_a_mirrored_strategy[sgd_momentum-',
 )
 
 

@@ -249,7 +249,7 @@ RUNS = [(program, legacy_keras)
 # marked slow (docs/testing.md).
 _FAST = {('tf1_session_dynamic.py', False),
          ('tf23_custom_loop_dynamic.py', False),
-         ('tf24_fit_then_loop.py', False),
+         ('tf24_train_step_isinstance.py', False),
          ('keras3_both_names.py', False)}
 
 
