@@ -350,25 +350,45 @@ class DynamicLossScale(private_api.SavedModelOnlyChildren, LossScale):
     self._step_record = step_record.StepRecord()
     self._step_record.create()
 
-  initial_loss_scale = property(lambda self: self._initial_loss_scale,
-                                doc='The first scale, a Python float.')
-  increment_period = property(
-      lambda self: self._increment_period,
-      doc='Finite steps in a row after which it grows, a Python int.')
-  multiplier = property(lambda self: self._multiplier,
-                        doc='The growth and shrink factor, a Python float.')
-  min_loss_scale = property(lambda self: self._min_loss_scale,
-                            doc='The floor of the scale, a Python float.')
-  max_loss_scale = property(lambda self: self._max_loss_scale,
-                            doc='The cap on the scale, a Python float or None.')
-  hysteresis = property(
-      lambda self: self._hysteresis,
-      doc='Non-finite steps in a row before it shrinks, a Python int.')
-  on_collapse = property(lambda self: self._on_collapse,
-                         doc="'skip', 'warn' or 'raise': what a collapse does.")
-  collapse_patience = property(
-      lambda self: self._collapse_patience,
-      doc='Steps in a row skipped at the floor that make a collapse.')
+  @property
+  def initial_loss_scale(self) -> float:
+    """The first scale, a Python float."""
+    return self._initial_loss_scale
+
+  @property
+  def increment_period(self) -> int:
+    """Finite steps in a row after which it grows, a Python int."""
+    return self._increment_period
+
+  @property
+  def multiplier(self) -> float:
+    """The growth and shrink factor, a Python float."""
+    return self._multiplier
+
+  @property
+  def min_loss_scale(self) -> float:
+    """The floor of the scale, a Python float."""
+    return self._min_loss_scale
+
+  @property
+  def max_loss_scale(self) -> Optional[float]:
+    """The cap on the scale, a Python float or None."""
+    return self._max_loss_scale
+
+  @property
+  def hysteresis(self) -> int:
+    """Non-finite steps in a row before it shrinks, a Python int."""
+    return self._hysteresis
+
+  @property
+  def on_collapse(self) -> str:
+    """'skip', 'warn' or 'raise': what a collapse does."""
+    return self._on_collapse
+
+  @property
+  def collapse_patience(self) -> int:
+    """Steps in a row skipped at the floor that make a collapse."""
+    return self._collapse_patience
 
   @property
   def skipped_steps(self) -> tf.Tensor:
