@@ -256,6 +256,10 @@ def test_keras_files_load_by_the_module_they_name(tmp_path, modules):
   keras = keras_families.keras3_or_none()
   if keras is None:
     pytest.skip('the `.keras` files of Keras 3 classes need Keras 3')
+  if tuple(int(p) for p in keras.__version__.split('.')[:2]) >= (3, 9):
+    pytest.skip(f'Keras {keras.__version__} imports no module a file names '
+                'outside its own packages (from Keras 3.9): the class must '
+                'be registered, whatever its module')
   import numpy as np  # pylint: disable=g-import-not-at-top
   from tf_loss_scale.keras import LossScaleOptimizer  # pylint: disable=g-import-not-at-top
   from tf_loss_scale.keras import experimental  # pylint: disable=g-import-not-at-top
@@ -282,10 +286,6 @@ def test_keras_files_load_by_the_module_they_name(tmp_path, modules):
         out.writestr(item, data)
     paths.append(path)
   result = fresh_process.run_json(['-c', _LOAD_WITHOUT_THE_LIBRARY] + paths)
-  if any(isinstance(r, str) and 'Could not locate' in r
-         for r in result.values()):
-    pytest.skip(f'Keras {keras.__version__} loads only registered classes '
-                'of packages other than its own (from Keras 3.9)')
   assert result == {
       paths[0]: ['tf_loss_scale.keras.keras3', 3],
       paths[1]: ['tf_loss_scale.keras.experimental.keras3', 3],
