@@ -311,54 +311,61 @@ def _skip_report_steps(log_dir: str) -> list:
   return steps
 
 
+def _runs_the_hook_adds(monkeypatch, tmp_path, build) -> int:
+  """Session runs a `LossScaleHook` adds to a MonitoredTrainingSession's loop.
+
+  `build()` returns (a graph, what the hook watches in it, the fetch, the
+  placeholder fed each of `_XS`).
+  """
+  runs = {}
+  for with_hook in (False, True):
+    graph, watched, fetched, fed = build()
+    with graph.as_default():
+      tf.compat.v1.train.get_or_create_global_step()
+      hooks = ([monitoring.LossScaleHook(watched, output_dir=str(tmp_path),
+                                         every_n_steps=100)]
+               if with_hook else [])
+      counter = _Runs(monkeypatch)
+      with tf.compat.v1.train.MonitoredTrainingSession(
+          hooks=hooks, save_summaries_steps=None,
+          log_step_count_steps=None) as session:
+        for x in _XS:
+          session.run(fetched, {fed: x})
+      runs[with_hook] = counter.count
+      monkeypatch.undo()
+  return runs[True] - runs[False]
+
+
 @pytest.mark.parametrize('fetch', ['op', 'group', 'name'])
 def test_loss_scale_hook_costs_no_run_on_the_steps_it_does_not_log(
     fetch, monkeypatch, tmp_path):
-  runs = {}
-  for with_hook in (False, True):
+
+  def build():
     program = _build(OURS)
     with program.graph.as_default():
       fetched = {'op': program.train_op,
                  'group': tf.group(program.train_op, tf.no_op()),
                  'name': program.train_op.name}[fetch]
-      hooks = ([monitoring.LossScaleHook(program.opt, output_dir=str(tmp_path),
-                                         every_n_steps=100)]
-               if with_hook else [])
-      counter = _Runs(monkeypatch)
-      with tf.compat.v1.train.MonitoredTrainingSession(
-          hooks=hooks, save_summaries_steps=None,
-          log_step_count_steps=None) as session:
-        for x in _XS:
-          session.run(fetched, {program.x: x})
-      runs[with_hook] = counter.count
-      monkeypatch.undo()
+    return program.graph, program.opt, fetched, program.x
+
   # Its own runs: the global step once it starts, the state at step 0 (the
   # one step it logs), and the report of the one skipped step.
-  assert runs[True] - runs[False] == 3, runs
+  assert _runs_the_hook_adds(monkeypatch, tmp_path, build) == 3
   assert _skip_report_steps(str(tmp_path)) == [1]
 
 
 def test_loss_scale_hook_reads_a_loss_scales_update_in_its_own_run(
     monkeypatch, tmp_path):
-  runs = {}
-  for with_hook in (False, True):
-    with tf.Graph().as_default():
+
+  def build():
+    graph = tf.Graph()
+    with graph.as_default():
       loss_scale = tf_loss_scale.DynamicLossScale(8.0, increment_period=2)
       grad = tf.compat.v1.placeholder(tf.float32, [])
       update_op, _ = loss_scale.update([grad])
-      tf.compat.v1.train.get_or_create_global_step()
-      hooks = ([monitoring.LossScaleHook(loss_scale, output_dir=str(tmp_path),
-                                         every_n_steps=100)]
-               if with_hook else [])
-      counter = _Runs(monkeypatch)
-      with tf.compat.v1.train.MonitoredTrainingSession(
-          hooks=hooks, save_summaries_steps=None,
-          log_step_count_steps=None) as session:
-        for x in _XS:
-          session.run(update_op, {grad: x})
-      runs[with_hook] = counter.count
-      monkeypatch.undo()
-  assert runs[True] - runs[False] == 3, runs
+    return graph, loss_scale, update_op, grad
+
+  assert _runs_the_hook_adds(monkeypatch, tmp_path, build) == 3
   assert _skip_report_steps(str(tmp_path)) == [1]
 
 
