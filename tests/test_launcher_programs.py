@@ -10,8 +10,9 @@ one Keras optimizer for two models (TF 1.15's in graph mode; TF 2.3's in a
 loop and `fit`, with `decay`); TF 2.3's Adam with a schedule that has no
 `get_config`; `import keras` for Keras 2; training in child processes.
 Each runs here as users run it, `tf-loss-scale run PROGRAM.py ARGS` with
-nothing else said, and prints its loss scales, iterations (or global steps) and weights: they must
-be those its own TensorFlow gives, running the program with `python`.
+nothing else said, and prints its loss scales, iterations (or global
+steps) and weights: they must be those its own TensorFlow gives, running
+the program with `python`.
 
 `_RECORDED` holds the originals' output, from runs of these programs on
 TensorFlow 1.15.0, 2.3.4 and 2.15.1 (the CPU packages). `.ci/run

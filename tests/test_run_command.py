@@ -711,7 +711,8 @@ _A_GENERATIONS_CHILD = textwrap.dedent('''\
 @pytest.mark.parametrize('flags,expected', [
     (['--tf', '1'], (True, True, False)),
     (['--tf', '2.3'], (False, True, True)),
-    ([], (False, False, True)),
+    # TF 2.4-2.15's in the fast tier: test_children_are_set_up_as_the_program.
+    pytest.param([], (False, False, True), marks=pytest.mark.slow),
     (['--keras', '3'], (False, False, True)),
 ], ids=['tf1', 'tf23', 'tf24', 'keras3'])
 def test_each_generation_imports_keras_in_a_child_set_up_alike(
@@ -729,3 +730,58 @@ def test_each_generation_imports_keras_in_a_child_set_up_alike(
   probe = {'keras': 'keras' if keras_3 else _keras_2_package(), 'tf1': tf1,
            'legacy_sgd': legacy_sgd, 'counts_skipped_steps': counts}
   assert _report(done) == {'parent': probe, 'child': probe}
+
+
+_KERAS_3_TRAIN_STEP = textwrap.dedent('''\
+    """Keras 3 code: a custom `train_step` that scales its loss itself."""
+    import json
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.mixed_precision.set_global_policy('mixed_float16')
+
+
+    class Linear(keras.Model):
+
+      def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, use_bias=False,
+                                        kernel_initializer='zeros')
+
+      def call(self, x):
+        return tf.cast(self.dense(x), 'float32')
+
+      def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+          loss = keras.ops.mean(keras.ops.square(self(x) - y))
+          scaled = self.optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {'loss': loss}
+
+
+    model = Linear()
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.05), initial_scale=2 ** 15,
+        dynamic_growth_steps=2), jit_compile=True)
+    x = np.ones((4, 1), np.float32)
+    model.fit(x, x * 1.5, batch_size=4, epochs=5, verbose=0)
+    print(json.dumps({'kernel': float(model.dense.kernel.numpy()[0, 0]),
+                      'loss_scale': float(model.optimizer.scale_loss(1.0)),
+                      'iterations': int(model.optimizer.iterations.numpy())}))
+    ''')
+
+
+@pytest.mark.slow
+@versions.KERAS_3.mark
+def test_a_keras_3_program_is_read_as_keras_3_and_runs_as_under_python(
+    tmp_path):
+  (tmp_path / 'program.py').write_text(_KERAS_3_TRAIN_STEP)
+  python, launched = _python_and_launcher(['program.py'], str(tmp_path))
+  assert launched.returncode == 0, launched.stderr[-3000:]
+  assert _report(launched) == _report(python)
+  assert ('program.py reads as Keras 3 code (keras.ops.mean on line 24); '
+          'pass --keras to say otherwise') in launched.stderr

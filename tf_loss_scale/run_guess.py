@@ -33,7 +33,7 @@ _RULES = (
      r'get_variable|global_variables_initializer|ConfigProto|contrib|'
      r'train\.\w*Optimizer|keras\.backend\.get_session)\b'),
     (Generation('1.15'), r'^tensorflow\.compat\.v2\.enable_v2_behavior$'),
-    (Generation('2.3'), r'^tensorflow\.(compat\.v[12]\.)?train\.experimental'
+    (Generation('2.3'), r'^tensorflow\.(compat\.v2\.)?train\.experimental'
      r'\.enable_mixed_precision_graph_rewrite$|mixed_precision\.experimental'),
     (Generation(keras='3'), r'^(tensorflow\.)?keras\.(optimizers\.'
      r'LossScaleOptimizer|ops)\b|(^|\.)scale_loss$|\.weights\.h5$'),
