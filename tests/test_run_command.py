@@ -357,8 +357,9 @@ def test_check_says_what_the_program_gets_without_running_it(tmp_path):
   assert lines[3].startswith('import tensorflow gives tensorflow.compat.v1')
   names = lines.index('compat.install(override=True) runs; of the loss '
                       'scaling names it serves, the program uses these:')
-  assert lines[names + 1] == ('  line 5: MixedPrecisionLossScaleOptimizer: '
-                              'tf_loss_scale.MixedPrecisionLossScaleOptimizer')
+  assert lines[names + 1] == (
+      '  line 5: tf.train.experimental.MixedPrecisionLossScaleOptimizer: '
+      'tf_loss_scale.MixedPrecisionLossScaleOptimizer')
   assert lines[-1] == ('warning: line 4: tf.contrib.layers.fully_connected: '
                        f'{_CONTRIB_MESSAGE}'), lines
   # Names in strings and comments tell nothing.

@@ -80,23 +80,17 @@ def _parser() -> argparse.ArgumentParser:
   run = commands.add_parser(
       'run', help='run a program written for an older TensorFlow, '
       'unmodified, set up as its TensorFlow set it up',
-      description='Runs python PROGRAM.py ARGS (all of them, -- included), '
-      'its interpreter set up before its first line: '
-      'tf_loss_scale.compat.install(override=True) once it imports '
-      'TensorFlow, the Keras it was written for (Keras 2 is tf_keras, '
-      'TF_USE_LEGACY_KERAS=1, where keras is Keras 3), the names of its '
-      'TensorFlow; in the processes of this Python it starts too.')
+      description='Becomes python PROGRAM.py ARGS (all of them, -- '
+      'included), set up before its first line: install(override=True), '
+      'the Keras and names of its TensorFlow; in its children of this '
+      'Python too.')
   run.add_argument('--keras', choices=('2', '3'), default=None,
                    help='the Keras the program was written for (default: '
-                   'read from the program; 3 for a program of TensorFlow '
-                   '2.16 or later, else 2)')
+                   'read from it; 3 for TensorFlow 2.16 and later, else 2)')
   run.add_argument('--tf', metavar='RELEASE', default=None, type=_tf_version,
                    help='the TensorFlow the program was written for (1, '
-                   '1.15, 2.3, 2.3.4): 1.x runs TF 1.x code on '
-                   'tensorflow.compat.v1 with v2 behaviour off; 2.10 and '
-                   'before get tf_keras\'s legacy optimizers (default: '
-                   'read from the program, or a "# tf-loss-scale: --tf 2.3" '
-                   'line)')
+                   '1.15, 2.3, 2.3.4; default: read from it, or from a '
+                   '"# tf-loss-scale: --tf 2.3" line)')
   run.add_argument('--check', action='store_true',
                    help='say which Keras and names the program gets, and '
                    'what cannot be served, without running it')

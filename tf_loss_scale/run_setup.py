@@ -84,7 +84,8 @@ def _set_up_tensorflow(settings: Dict[str, Any]) -> None:
   if generation(tf.__version__) >= (2, 16):
     for namespace in (tf, tf.compat.v1):
       if not hasattr(namespace, 'estimator'):
-        namespace.estimator = _Refused(ESTIMATOR_MESSAGE)
+        namespace.estimator = _Refused('tensorflow.estimator',
+                                       ESTIMATOR_MESSAGE)
   if version is not None and version <= LAST_LEGACY_OPTIMIZERS:
     _legacy_optimizers(tf)
   if version is None or version[0] != 1:
@@ -104,8 +105,9 @@ def _set_up_tensorflow(settings: Dict[str, Any]) -> None:
   # `import tensorflow.compat.v1 as tf` reads `compat` off the module.
   v1.compat = tf.compat
   v1.contrib = sys.modules['tensorflow.contrib'] = _Refused(
-      CONTRIB_MESSAGE, {name: module for name, module in
-                        CONTRIB_SERVED.items() if served(module)})
+      'tensorflow.contrib', CONTRIB_MESSAGE, {
+          name: module for name, module in CONTRIB_SERVED.items()
+          if served(module)})
   sys.meta_path.insert(0, _Alias('tensorflow.contrib', None))
   for name, module in v1.contrib.served.items():
     sys.meta_path.insert(0, _Alias(f'tensorflow.contrib.{name}', module))
@@ -189,8 +191,9 @@ class _Around(importlib.abc.Loader):
 class _Refused(types.ModuleType):
   """A namespace whose attributes raise MESSAGE, but the SERVED modules."""
 
-  def __init__(self, message: str, served_modules: Dict[str, str] = None):
-    super().__init__(message)
+  def __init__(self, name: str, message: str,
+               served_modules: Optional[Dict[str, str]] = None):
+    super().__init__(name)
     self.message, self.served = message, dict(served_modules or {})
     self.__path__ = []  # `import tensorflow.contrib.NAME` looks for NAME.
 
