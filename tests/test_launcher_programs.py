@@ -3,19 +3,22 @@
 tests/legacy/launcher/ holds programs written for one TensorFlow each (the
 prefix says which: tf1_ TF 1.15, tf23_ TF 2.3, tf24_ TF 2.4-2.15), none of
 which runs on today's TensorFlow with `python PROGRAM.py`: TF 1.x's own
-namespace, one Keras optimizer for two models (TF 1.15's in graph mode;
-TF 2.3's in a loop and `fit`, with `decay`), TF 2.3's
-Adam with a schedule that has no `get_config`, `import keras` for Keras 2,
-training in child processes. Each runs here as users
-run it, `tf-loss-scale run PROGRAM.py ARGS` with nothing else said, and
-prints its loss scales, iterations (or global steps) and weights: they must
-be those its own TensorFlow gives, running the program with `python`.
+namespace (imported inside `try:` too); TF 2's API on TF 1.15
+(`tensorflow.compat.v2`) with the graph rewrite; TF 2.3's graph rewrite
+around an SGD with `decay`; TF 1.15's Keras `decay`, by the applied steps;
+one Keras optimizer for two models (TF 1.15's in graph mode; TF 2.3's in a
+loop and `fit`, with `decay`); TF 2.3's Adam with a schedule that has no
+`get_config`; `import keras` for Keras 2; training in child processes.
+Each runs here as users run it, `tf-loss-scale run PROGRAM.py ARGS` with
+nothing else said, and prints its loss scales, iterations (or global
+steps) and weights: they must be those its own TensorFlow gives, running
+the program with `python`.
 
 `_RECORDED` holds the originals' output, from runs of these programs on
 TensorFlow 1.15.0, 2.3.4 and 2.15.1 (the CPU packages). `.ci/run
 originals` runs them again there and writes `launcher-NAME.json` into
 .ci/logs/originals/; when that file is present, the run is checked against it
-as well, but for the values that differ by design (`_BY_DESIGN`).
+as well.
 """
 
 import concurrent.futures
@@ -57,12 +60,27 @@ _RECORDED = {
         'loss_scale': _SCALES, 'global_step': [0, 1, 2, 2, 3, 4, 5, 6],
         'skipped': 2, 'w': _KERNELS, 'argv': _ARGS},
     # TensorFlow 1.15.0: 5 steps of `fit` per model. Its `iterations`
-    # counted the applied steps only, [3, 7] (2 skipped for the first model,
-    # 1 for the second); the TF 2.0-2.3 form counts every step, as TF
-    # 2.2-2.3's did (docs/differences.md): 5 and 10.
+    # counted the applied steps only: 2 skipped for the first model, 1 for
+    # the second.
     'tf1_keras_optimizer_two_models.py': {
-        'loss_scale': [16384.0, 32768.0], 'iterations': [5, 10],
+        'loss_scale': [16384.0, 32768.0], 'iterations': [3, 7],
         'kernel': [0.7709336280822754, 1.1597094535827637]},
+    # TensorFlow 1.15.0: 2 of 6 steps skipped; the rate decays by the 4
+    # applied ones (counting all 6, the kernel ends elsewhere).
+    'tf1_keras_sgd_decay.py': {
+        'loss_scale': 131072.0, 'iterations': 4, 'kernel': 0.6388800144195557},
+    # TensorFlow 1.15.0: the first step skipped at 2**15.
+    'tf1_guarded_import.py': {
+        'loss_scale': [16384.0, 16384.0, 32768.0, 16384.0, 16384.0],
+        'w': [0.0, 0.15000000596046448, 0.28496092557907104,
+              0.28496092557907104, 0.40644529461860657]},
+    # TensorFlow 1.15.0: one step of each `fit` skipped, not counted.
+    'tf1_compat_v2_graph_rewrite.py': {
+        'loss_scale': [16384.0, 8192.0], 'iterations': [4, 8],
+        'kernel': [1.1598000526428223, 1.1598000526428223]},
+    # TensorFlow 2.3.4: 2 of 6 steps skipped, counted in `iterations`.
+    'tf23_graph_rewrite_decay.py': {
+        'loss_scale': 131072.0, 'iterations': 6, 'kernel': 0.5978742837905884},
     # TensorFlow 2.3.4: `iterations` counts the skipped steps too; `fit`
     # runs 6 steps on the second model with the same optimizer.
     'tf23_one_optimizer_two_models.py': {
@@ -83,9 +101,6 @@ _RECORDED = {
         'kernel': _KERNELS},
     'tf24_child_processes.py': {'spawn': _CHILD, 'subprocess': _CHILD},
 }
-
-# Program -> the printed values that differ from its TensorFlow's by design.
-_BY_DESIGN = {'tf1_keras_optimizer_two_models.py': ('iterations',)}
 
 
 def _condition() -> versions.Condition:
@@ -144,8 +159,6 @@ def test_program_prints_what_its_tensorflow_printed(name, runs):
   if os.path.exists(original):
     with open(original, encoding='utf-8') as f:
       recorded = json.load(f)
-    for key in _BY_DESIGN.get(name, ()):
-      printed.pop(key), recorded.pop(key)
     assert _close(printed, recorded), (
         f'{name}: printed {printed}, the original in CI {recorded}')
   else:

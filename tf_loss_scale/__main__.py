@@ -4,7 +4,7 @@
                      [--strategy none|mirrored] [--onednn auto|on|off]
                      [--loss-weight W] [--out DIR] [--verbose]
   tf-loss-scale inspect CHECKPOINT
-  tf-loss-scale run [--keras 2|3] [--tf 1|2.N] [--check] PROGRAM.py [ARGS...]
+  tf-loss-scale run [--keras 2|3] [--tf RELEASE] [--check] PROGRAM.py [ARGS...]
 
 Nothing here imports TensorFlow before a command runs, so that the demo can
 set TensorFlow's oneDNN switch, `run` can choose the Keras TensorFlow loads,
@@ -15,9 +15,6 @@ import argparse
 import os
 import sys
 from typing import List, Optional
-
-# TensorFlow's start-up chatter would bury the output; users may still opt in.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 _USAGE_ERROR = 2
 _RUN_OPTIONS_WITH_VALUE = ('--keras', '--tf')
@@ -30,7 +27,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     The exit code: 0 on success, 1 when a checkpoint holds no loss scale
     state, 2 for a usage error (a `--api` that does not work with the
     installed packages included) or a missing or unreadable checkpoint;
-    `run`'s is the program's (see `tf_loss_scale.run_command.run`).
+    `run` becomes the program (see `tf_loss_scale.run_command.run`).
   """
   parser = _parser()
   argv = sys.argv[1:] if argv is None else argv
@@ -40,13 +37,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     end = _program_index(argv)
     argv, program_args = argv[:end + 1], argv[end + 1:]
   args = parser.parse_args(argv)
-  if args.command == 'demo':
-    from tf_loss_scale.demo import cli as demo_cli  # pylint: disable=g-import-not-at-top
-    return demo_cli.run(args)
-  if args.command == 'run':
+  if args.command == 'run':  # Its program gets the environment as it is.
     from tf_loss_scale import run_command  # pylint: disable=g-import-not-at-top
     return run_command.run(args.program, program_args, args.keras, args.tf,
                            args.check)
+  # TensorFlow's start-up chatter would bury the output; users may opt in.
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  if args.command == 'demo':
+    from tf_loss_scale.demo import cli as demo_cli  # pylint: disable=g-import-not-at-top
+    return demo_cli.run(args)
   return _inspect(args.checkpoint)
 
 
@@ -81,21 +80,17 @@ def _parser() -> argparse.ArgumentParser:
   run = commands.add_parser(
       'run', help='run a program written for an older TensorFlow, '
       'unmodified, set up as its TensorFlow set it up',
-      description='Runs PROGRAM.py as __main__ with ARGS (all of them, -- '
-      'included) after tf_loss_scale.compat.install(override=True), under '
-      'Keras 2 (tf_keras with TF_USE_LEGACY_KERAS=1 where keras is Keras 3; '
-      'import keras is tf_keras then) or Keras 3. The exit status and '
-      'traceback are the program\'s; its child processes are set up alike. '
-      'tf.contrib cannot be served.')
+      description='Becomes python PROGRAM.py ARGS (all of them, -- '
+      'included), set up before its first line: install(override=True), '
+      'the Keras and names of its TensorFlow; in its children of this '
+      'Python too.')
   run.add_argument('--keras', choices=('2', '3'), default=None,
-                   help='the Keras the program was written for (default: 3 '
-                   'for a program of TensorFlow 2.16 or later, else 2)')
-  run.add_argument('--tf', metavar='1|2.N', default=None, type=_tf_version,
-                   help='the TensorFlow the program was written for: 1 runs '
-                   'TF 1.x code on tensorflow.compat.v1 with v2 behaviour '
-                   'off; 2.10 and before get tf_keras\'s legacy optimizers '
-                   'under the names of the optimizers (default: read from '
-                   'the program, or a "# tf-loss-scale: --tf 2.3" line)')
+                   help='the Keras the program was written for (default: '
+                   'read from it; 3 for TensorFlow 2.16 and later, else 2)')
+  run.add_argument('--tf', metavar='RELEASE', default=None, type=_tf_version,
+                   help='the TensorFlow the program was written for (1, '
+                   '1.15, 2.3, 2.3.4; default: read from it, or from a '
+                   '"# tf-loss-scale: --tf 2.3" line)')
   run.add_argument('--check', action='store_true',
                    help='say which Keras and names the program gets, and '
                    'what cannot be served, without running it')
@@ -109,7 +104,8 @@ def _tf_version(text: str) -> str:
   from tf_loss_scale import run_command  # pylint: disable=g-import-not-at-top
   if not run_command.TF_VERSION.fullmatch(text):
     raise argparse.ArgumentTypeError(
-        f"{text!r}: the program's TensorFlow is 1 or 2.N (e.g. 2.3)")
+        f"{text!r}: the program's TensorFlow is a release: 1, 1.15, 2.3, "
+        '2.3.4')
   return text
 
 

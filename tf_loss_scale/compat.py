@@ -93,8 +93,10 @@ def install(override: bool = False) -> None:
       'enable_mixed_precision_graph_rewrite',
       'disable_mixed_precision_graph_rewrite')}
   for name, value in dict(loss_scales, **rewrite).items():
-    if not hasattr(tf.train.experimental, name):
-      _replace(tf.train.experimental, name, value)
+    # `import tensorflow.compat.v2 as tf` (TF 1.14-1.15 code) reads its own.
+    for namespace in (tf.train.experimental, tf.compat.v2.train.experimental):
+      if not hasattr(namespace, name):
+        _replace(namespace, name, value)
 
   _attach_module(tf, 'mixed_precision',
                  _new_module('tensorflow.mixed_precision'))

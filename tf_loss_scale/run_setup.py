@@ -1,110 +1,116 @@
-"""What `tf-loss-scale run` sets up in the program's process and its children.
+"""What `tf-loss-scale run` sets up in the interpreters it starts.
 
-The launcher writes its choices into the environment (`TF_LOSS_SCALE_RUN`,
-e.g. `keras=2,tf=2.3`) and puts `run_site/` on `PYTHONPATH`, whose
-`sitecustomize` calls `apply_from_environ()` in every interpreter that
-starts (the program's, its children). Nothing is imported there:
-  - Keras 2 where `keras` is Keras 3: `keras` and `keras.*` are tf_keras.
-  - Once `tensorflow` is imported: `compat.install(override=True)`; for a
-    program of TensorFlow 2.10 or earlier, tf_keras's legacy optimizers
-    under the names `tf.keras.optimizers` gave it; for a TF1 program
-    (`tf=1`), v2 behaviour off and `import tensorflow` gives
-    `tensorflow.compat.v1` (this library's modules get the real one), with
-    `tf.contrib` refused with a message.
+`run_site`'s `sitecustomize` calls `apply()` in every interpreter of the
+launcher's Python (the program's, its children's) before its first line.
+Nothing is imported then: `keras` is aliased to tf_keras for Keras 2, and
+the rest waits for the program's own first import of TensorFlow (so that
+what it sets before, `TF_USE_LEGACY_KERAS` or logging, counts as under
+`python`): `compat.install(override=True)`, the names of the program's
+generation, and messages for what it cannot have.
 """
 
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 import types
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 ENVIRON = 'TF_LOSS_SCALE_RUN'
 # The generation up to which Keras optimizers were `OptimizerV2`.
 LAST_LEGACY_OPTIMIZERS = (2, 10)
 _LEGACY_OPTIMIZER_NAMES = ('Adadelta', 'Adagrad', 'Adam', 'Adamax', 'Ftrl',
                            'Nadam', 'Optimizer', 'RMSprop', 'SGD')
+# What this library serves of `tf.contrib` under `--tf 1`, where installed.
+CONTRIB_SERVED = {'mixed_precision': 'tf_loss_scale.contrib.mixed_precision'}
 CONTRIB_MESSAGE = (
-    'tf.contrib was removed in TensorFlow 2 and tf-loss-scale run --tf 1 '
-    'cannot serve it: port this use of tf.contrib (tf.contrib.mixed_precision '
-    'is tf.train.experimental.MixedPrecisionLossScaleOptimizer, which the '
-    'launcher serves)')
+    'tf.contrib was removed in TensorFlow 2: port this use of it '
+    '(tf-loss-scale run --tf 1 serves tf.contrib.mixed_precision, where '
+    'tf_loss_scale.contrib is installed)')
+ESTIMATOR_MESSAGE = ('tf.estimator was removed in TensorFlow 2.16: run on '
+                     '2.15 or earlier, where this library runs too')
 _LIBRARY = __name__.split('.')[0]
-# The settings this process was set up for.
-applied: Optional[Dict[str, str]] = None
-
-
-def encode(settings: Dict[str, str]) -> str:
-  """`{'keras': '2', 'tf': '1'}` -> `'keras=2,tf=1'`, for `ENVIRON`."""
-  return ','.join(f'{key}={value}' for key, value in sorted(settings.items()))
-
-
-def decode(text: str) -> Dict[str, str]:
-  """The inverse of `encode`."""
-  return dict(item.split('=', 1) for item in text.split(',') if item)
 
 
 def generation(tf_version: Optional[str]) -> Optional[Tuple[int, ...]]:
-  """`'2.3'` -> `(2, 3)`, `'1'` -> `(1,)`, None -> None."""
+  """`'2.3.4'` -> `(2, 3)`, `'1'` -> `(1,)`, None -> None."""
   return (None if tf_version is None else
-          tuple(int(part) for part in tf_version.split('.')))
+          tuple(int(part) for part in tf_version.split('.')[:2]))
 
 
-def apply_from_environ() -> None:
-  """Applies the launcher's set-up read from `TF_LOSS_SCALE_RUN`, if set."""
-  text = os.environ.get(ENVIRON)
-  if text:
-    apply(decode(text))
+def served(module: Optional[str]) -> bool:
+  """Whether `module` (of `CONTRIB_SERVED`) can be imported here."""
+  try:
+    return module is not None and importlib.util.find_spec(module) is not None
+  except ImportError:
+    return False
 
 
-def apply(settings: Dict[str, str]) -> None:
-  """Sets the process up, before it imports TensorFlow; once per process.
+def apply(settings: Dict[str, Any]) -> None:
+  """Sets the interpreter up, before its program's first line.
 
   Args:
-    settings: `keras` (`'2'` or `'3'`), `alias` (`'1'`: `keras` is
-      tf_keras) and optionally `tf` (`'1'` or `'2.N'`).
-
-  Raises:
-    RuntimeError: If other settings were applied already.
+    settings: `keras` (`'2'` or `'3'`), `alias` (True: `keras` is tf_keras)
+      and `tf` (None, or the program's TensorFlow: `'1.15'`, `'2.3'`...).
   """
-  global applied
-  if applied is not None:
-    if applied != settings:
-      raise RuntimeError(f'set up for {applied} already, not {settings}')
-    return
-  applied = dict(settings)
-  # Consulted in this order: the alias, then the watch on TensorFlow.
-  sys.meta_path.insert(0, _AfterImports(
-      ('tensorflow', 'tf_keras', 'keras'),
-      lambda: _set_up_tensorflow(settings)))
-  if settings.get('alias') == '1':
-    for name in [n for n in sys.modules if n == 'keras' or
-                 n.startswith('keras.')]:
-      del sys.modules[name]
+  # Consulted in this order: the alias, then the watch on TensorFlow. The
+  # set-up needs the Keras that an import of `keras` (importing TensorFlow)
+  # ends with: it runs once TensorFlow is imported and none of these runs.
+  running = []
+
+  def exit_():
+    running.pop()
+    if not running and 'tensorflow' in sys.modules and watch in sys.meta_path:
+      sys.meta_path.remove(watch)
+      _set_up_tensorflow(settings)
+
+  watch = _Watch(('tensorflow', 'tf_keras', 'keras').__contains__,
+                 lambda: running.append(1), exit_)
+  sys.meta_path.insert(0, watch)
+  if settings['alias']:
     sys.meta_path.insert(0, _Alias('keras', 'tf_keras'))
 
 
-def _set_up_tensorflow(settings: Dict[str, str]) -> None:
-  """install(), and the names of the program's generation."""
+def _set_up_tensorflow(settings: Dict[str, Any]) -> None:
+  """install(); `tf.estimator` refused on 2.16+; up to TF 2.10, its legacy
+  optimizers; for TF 1.x, `tensorflow.compat.v1` with v2 behaviour off,
+  `tf.contrib` refused but for what is served, and the experimental form's
+  `iterations` counting applied steps (TF 1.15's Keras)."""
   tf = sys.modules['tensorflow']
-  version = generation(settings.get('tf'))
+  version = generation(settings['tf'])
   from tf_loss_scale import compat  # pylint: disable=g-import-not-at-top
   compat.install(override=True)
+  if generation(tf.__version__) >= (2, 16):
+    for namespace in (tf, tf.compat.v1):
+      if not hasattr(namespace, 'estimator'):
+        namespace.estimator = _Refused('tensorflow.estimator',
+                                       ESTIMATOR_MESSAGE)
   if version is not None and version <= LAST_LEGACY_OPTIMIZERS:
     _legacy_optimizers(tf)
-  if version != (1,):
+  if version is None or version[0] != 1:
     return
+  from tf_loss_scale.keras import experimental as tf23  # pylint: disable=g-import-not-at-top
+  tf23.LossScaleOptimizer.counts_skipped_steps = False
   tf.compat.v1.disable_v2_behavior()
   # This library's modules, loaded from now on, get the real module.
-  sys.meta_path.insert(0, _WithModule(_LIBRARY, 'tensorflow', tf))
+  other = [tf]
+
+  def swap():
+    other[0], sys.modules['tensorflow'] = sys.modules['tensorflow'], other[0]
+
+  sys.meta_path.insert(0, _Watch(
+      lambda name: name.startswith(_LIBRARY + '.'), swap, swap))
   v1 = tf.compat.v1
   # `import tensorflow.compat.v1 as tf` reads `compat` off the module.
   v1.compat = tf.compat
-  v1.contrib = _Refused('tensorflow.contrib')
+  v1.contrib = sys.modules['tensorflow.contrib'] = _Refused(
+      'tensorflow.contrib', CONTRIB_MESSAGE, {
+          name: module for name, module in CONTRIB_SERVED.items()
+          if served(module)})
   sys.meta_path.insert(0, _Alias('tensorflow.contrib', None))
+  for name, module in v1.contrib.served.items():
+    sys.meta_path.insert(0, _Alias(f'tensorflow.contrib.{name}', module))
   sys.modules['tensorflow'] = v1
 
 
@@ -144,49 +150,21 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._target + module.__name__[len(self._name):])
 
 
-class _AfterImports(importlib.abc.MetaPathFinder):
-  """Calls `then()` once TensorFlow is imported and no import of NAMES runs:
-  `import keras` imports TensorFlow, and `then` needs the Keras it ends."""
+class _Watch(importlib.abc.MetaPathFinder):
+  """Modules `wanted(name)`, found as Python finds them, load between
+  `enter()` and `exit()`."""
 
-  def __init__(self, names: Tuple[str, ...], then: Callable[[], None]):
-    self._names, self._then, self._running = names, then, 0
+  def __init__(self, wanted: Callable[[str], bool], enter: Callable[[], None],
+               exit_: Callable[[], None]):
+    self._wanted, self._enter, self._exit = wanted, enter, exit_
 
   def find_spec(self, fullname, path=None, target=None):
-    if fullname not in self._names:
+    if not self._wanted(fullname):
       return None
     spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
     if spec is not None:
       spec.loader = _Around(spec.loader, self._enter, self._exit)
     return spec
-
-  def _enter(self) -> None:
-    self._running += 1
-
-  def _exit(self) -> None:
-    self._running -= 1
-    if not self._running and 'tensorflow' in sys.modules and (
-        self in sys.meta_path):
-      sys.meta_path.remove(self)
-      self._then()
-
-
-class _WithModule(importlib.abc.MetaPathFinder):
-  """Modules under PACKAGE load while `sys.modules[NAME]` is MODULE."""
-
-  def __init__(self, package: str, name: str, module: types.ModuleType):
-    self._package, self._name, self._module = package, name, module
-
-  def find_spec(self, fullname, path=None, target=None):
-    if not fullname.startswith(self._package + '.'):
-      return None
-    spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-    if spec is not None:
-      spec.loader = _Around(spec.loader, self._swap, self._swap)
-    return spec
-
-  def _swap(self) -> None:
-    self._module, sys.modules[self._name] = (sys.modules[self._name],
-                                             self._module)
 
 
 class _Around(importlib.abc.Loader):
@@ -211,10 +189,16 @@ class _Around(importlib.abc.Loader):
 
 
 class _Refused(types.ModuleType):
-  """A namespace every attribute of which raises `CONTRIB_MESSAGE`."""
+  """A namespace whose attributes raise MESSAGE, but the SERVED modules."""
+
+  def __init__(self, name: str, message: str,
+               served_modules: Optional[Dict[str, str]] = None):
+    super().__init__(name)
+    self.message, self.served = message, dict(served_modules or {})
+    self.__path__ = []  # `import tensorflow.contrib.NAME` looks for NAME.
 
   def __getattr__(self, name):
-    if name.startswith('__'):
-      raise AttributeError(name)
-    raise AttributeError(CONTRIB_MESSAGE)
+    if name.startswith('__') or name not in self.served:
+      raise AttributeError(name if name.startswith('__') else self.message)
+    return importlib.import_module(self.served[name])
 

@@ -87,7 +87,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   ```
 
   A step whose gradients (summed across replicas) are not all finite is
-  skipped; `iterations` counts every call. The checkpoint is the inner
+  skipped; `iterations` counts every call (TF 2.2-2.3), or the applied steps
+  only where `counts_skipped_steps` is False (TF 1.15's Keras; `tf-loss-scale
+  run` sets it so for a TF 1.x program). The checkpoint is the inner
   optimizer's plus a `loss_scale` dependency (TF 2.3's layout). Which
   gradients each apply takes: `shared/protocols.py`. See
   docs/migrating_tf23.md.
@@ -100,6 +102,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   _keras = None  # The family's Keras API namespace.
   _kind = None  # One of families.KINDS.
   _INNER_METHODS: FrozenSet[str] = frozenset()
+  # Whether a skipped step counts in `iterations`: one setting per program.
+  counts_skipped_steps = True
 
   def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
     del args, kwargs  # For __init__.
@@ -276,7 +280,8 @@ class LossScaleOptimizer(protocols.TwoProtocols,
         grads, step.LossScaleState(self._loss_scale), apply_inner,
         scaled=self._scaled_flags(grads, variables, method),
         reduces=inner_sums,
-        summed=summed, on_skip=lambda _: self._on_skipped_step(),
+        summed=summed, on_skip=(lambda _: self._on_skipped_step()) if (
+            self.counts_skipped_steps) else None,
         names=(None if variables is None else
                step_record.gradient_names(variables)),
         held_as=None if variables is None else [v.dtype for v in variables])
