@@ -63,6 +63,15 @@ _RECORDED = {
     'tf1_keras_optimizer_two_models.py': {
         'loss_scale': [16384.0, 32768.0], 'iterations': [5, 10],
         'kernel': [0.7709336280822754, 1.1597094535827637]},
+    # TensorFlow 1.15.0: tf.contrib.mixed_precision's manager from 2**32
+    # halves every 2 skipped steps; the loop's own global step moves on the
+    # 10 finite steps, from 2**12 on.
+    'tf1_contrib_bert_loop.py': {
+        'loss_scale': [2.0 ** (32 - (step + 1) // 2) for step in range(40)] +
+                      [4096.0] * 10,
+        'global_step': [0] * 40 + list(range(1, 11)),
+        'weights': [0.5533382296562195, 0.40935155749320984,
+                    0.5272089838981628], 'argv': _ARGS},
     # TensorFlow 2.3.4: `iterations` counts the skipped steps too; `fit`
     # runs 6 steps on the second model with the same optimizer.
     'tf23_one_optimizer_two_models.py': {
