@@ -482,10 +482,13 @@ def test_tf_1_15_resumes_a_contrib_checkpoint_of_ours(tmp_path, originals):
   contrib_traces.run(tf.compat.v1, mixed_precision, contrib_traces.SAVER,
                      save_to=checkpoint)
   out = tmp_path / 'resumed.json'
+  # TensorFlow 2 sets TF2_BEHAVIOR=1 in this process's environment, which
+  # would turn TF 1.15's v2 behaviour on in the child.
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
   done = subprocess.run(
       [python, os.path.join(os.path.dirname(_TRACES), 'contrib_traces.py'),
        '--resume', checkpoint, str(out)], capture_output=True, text=True,
-      timeout=300, check=False)
+      timeout=300, check=False, env=env)
   assert done.returncode == 0, done.stderr[-4000:]
   with open(out) as f:
     resumed = json.load(f)
