@@ -323,3 +323,22 @@ def test_bert_loop_runs_unmodified_with_tf_1_15s_numbers(tmp_path):
   assert printed['loss_scale'] == BERT_SCALES
   assert printed['global_step'] == BERT_STEPS
   assert printed['weights'] == pytest.approx(BERT_WEIGHTS, rel=1e-6)
+
+
+def test_loss_scale_hook_reads_the_scale_and_sees_each_skip():
+  with tf.Graph().as_default():
+    w = v1.Variable([1.0, 2.0], name='w')
+    feed = v1.placeholder(tf.float32, [2])
+    manager = mp.ExponentialUpdateLossScaleManager(8.0, 1, decr_ratio=0.5,
+                                                   decr_every_n_nan_or_inf=1)
+    opt = mp.LossScaleOptimizer(v1.train.GradientDescentOptimizer(0.5),
+                                manager)
+    train = opt.minimize(tf.reduce_sum(w * feed),
+                         global_step=v1.train.get_or_create_global_step())
+    hook = monitoring.LossScaleHook(opt, every_n_steps=2)
+    with v1.train.MonitoredTrainingSession(hooks=[hook]) as session:
+      for gradient in ([INF, 1.0], [1.0, 1.0], [1.0, 1.0]):
+        session.run(train, {feed: gradient})
+      assert monitoring.last_skip(opt, session).inf == ('w:0',)
+  # The third run (number 2) is logged: the scale halved once, grew twice.
+  assert hook.latest == {'loss_scale': 16.0, 'skipped_steps': 1, 'step': 2}

@@ -64,6 +64,11 @@ class LossScaleOptimizer(_V1Optimizer):
     with _record_scope():
       self._monitor.create()
 
+  @property
+  def loss_scale_manager(self) -> Any:
+    """The manager this optimizer scales by (for monitoring)."""
+    return self._loss_scale_manager
+
   def compute_gradients(
       self, loss: gradients.Loss, var_list: Optional[List[tf.Variable]] = None,
       gate_gradients: int = _V1Optimizer.GATE_OP,
