@@ -9,7 +9,6 @@ itself, step by step; tests/test_launcher_programs.py the BERT loop through
 `tf-loss-scale run`.
 """
 
-import json
 import os
 
 import numpy as np

@@ -14,7 +14,9 @@ what TF 2.x's optimizer members return after a step (`members()`). The JSON
 maps each scenario to its trace; tests/test_traces.py compares ours with the
 originals'. On TensorFlow 1.15 (and with --ours, but under tf_keras) it also
 holds the JSON line of each TF1 program of tests/legacy/ compared with
-TensorFlow's wrapper (`tf1_programs`).
+TensorFlow's wrapper (`tf1_programs`), and the `contrib` scenarios of
+tf.contrib.mixed_precision (contrib_traces.py; tests/test_traces.py runs
+ours of them in its own process).
 """
 
 import json
