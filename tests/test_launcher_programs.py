@@ -81,6 +81,15 @@ _RECORDED = {
     # TensorFlow 2.3.4: 2 of 6 steps skipped, counted in `iterations`.
     'tf23_graph_rewrite_decay.py': {
         'loss_scale': 131072.0, 'iterations': 6, 'kernel': 0.5978742837905884},
+    # TensorFlow 1.15.0: tf.contrib.mixed_precision's manager from 2**32
+    # halves every 2 skipped steps; the loop's own global step moves on the
+    # 10 finite steps, from 2**12 on.
+    'tf1_contrib_bert_loop.py': {
+        'loss_scale': [2.0 ** (32 - (step + 1) // 2) for step in range(40)] +
+                      [4096.0] * 10,
+        'global_step': [0] * 40 + list(range(1, 11)),
+        'weights': [0.5533382296562195, 0.40935155749320984,
+                    0.5272089838981628], 'argv': _ARGS},
     # TensorFlow 2.3.4: `iterations` counts the skipped steps too; `fit`
     # runs 6 steps on the second model with the same optimizer.
     'tf23_one_optimizer_two_models.py': {

@@ -53,7 +53,7 @@ def test_every_reason_is_for_a_difference(rows):
 def test_every_original_generation_is_compared(rows):
   subjects = {(row['generation'], row['subject']) for row in rows}
   assert {generation for generation, _ in subjects} == {
-      'TF 1.14-1.15', 'TF 2.0-2.3', 'TF 2.4-2.15'}
+      'TF 1.13-1.15 contrib', 'TF 1.14-1.15', 'TF 2.0-2.3', 'TF 2.4-2.15'}
   assert {subject for _, subject in subjects} >= set(surface.OURS)
 
 

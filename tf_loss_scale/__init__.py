@@ -13,6 +13,8 @@ tf_loss_scale` loads neither TensorFlow nor Keras until they are needed):
   monitoring: TensorBoard summaries, a Keras callback and a v1 hook.
   compat: `install()` of the names TensorFlow 2.0-2.3 code uses.
   inspect_checkpoint: the loss scale state held in a checkpoint.
+  contrib: TF 1.13-1.15's `tf.contrib.mixed_precision`
+    (`contrib.mixed_precision`).
 """
 
 from tf_loss_scale import lazy as _lazy
@@ -34,7 +36,8 @@ __getattr__, __dir__ = _lazy.attributes(__name__, {
     **{name: (f'{__name__}.{module}', name)
        for module, names in _CORE.items() for name in names},
     **{module: (f'{__name__}.{module}', None)
-       for module in ('compat', 'inspect_checkpoint', 'keras', 'monitoring')},
+       for module in ('compat', 'contrib', 'inspect_checkpoint', 'keras',
+                      'monitoring')},
 }, globals())
 
 __all__ = sorted(name for names in _CORE.values() for name in names)

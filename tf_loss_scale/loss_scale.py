@@ -22,7 +22,12 @@ on each step, given whether every gradient on every replica is finite:
 ```
 
 With its defaults (`min_loss_scale=1`, no `max_loss_scale`, `hysteresis=1`)
-this is TensorFlow's rule. `advance_dynamic_state` is that block as a pure
+this is TensorFlow's rule. Two options of the pure function give TF
+1.13-1.15's `ExponentialUpdateLossScaleManager` its own rule: with
+`backoff_factor` a shrink is `scale * backoff_factor`, not a division; with
+`non_finite_count='accumulated'` a finite step keeps `non_finite_streak`
+(then a count of skipped steps, not a streak), which only a completed
+increment period or a shrink clears. `advance_dynamic_state` is that block as a pure
 tensor function and `next_dynamic_state` its two-variable form. The stateful
 `DynamicLossScale.assign_next_state` assigns its result; stateless front ends
 (Keras 3's `stateless_apply`) return it. Nothing else changes the scale.
@@ -75,16 +80,25 @@ class DynamicState(NamedTuple):
 def advance_dynamic_state(
     state: DynamicState, grads_finite: Union[bool, tf.Tensor], *,
     increment_period: int, multiplier: float, min_loss_scale: float = 1.0,
-    max_loss_scale: Optional[float] = None, hysteresis: int = 1
+    max_loss_scale: Optional[float] = None, hysteresis: int = 1,
+    backoff_factor: Optional[float] = None,
+    non_finite_count: str = 'consecutive'
 ) -> DynamicState:
   """Computes a dynamic loss scale's state after one step (the rule).
 
-  A pure function: it assigns nothing. The options are `DynamicLossScale`'s.
+  A pure function: it assigns nothing. The options up to `hysteresis` are
+  `DynamicLossScale`'s; the last two serve the TF 1.13-1.15 managers
+  (`tf_loss_scale.contrib.mixed_precision`).
 
   Args:
     state: The state before the step.
     grads_finite: Whether this step's gradients were all finite, a bool
       scalar, the same on every replica.
+    backoff_factor: None to shrink by dividing by `multiplier`; else the
+      factor a shrink multiplies the scale by (in the scale's dtype).
+    non_finite_count: `'consecutive'`: a finite step clears
+      `non_finite_streak`. `'accumulated'`: only a completed increment
+      period or a shrink clears it.
 
   Returns:
     The state after the step: `scale` and `good_steps` in `state`'s dtypes,
@@ -107,9 +121,21 @@ def advance_dynamic_state(
       tf.logical_and(period_reached, tf.math.is_finite(grown)), grown, scale)
   finite_counts = tf.where(period_reached, zero, counts + 1)
 
-  new_streak = tf.where(finite, zero, streak + 1)
-  backs_off = new_streak >= hysteresis
-  shrunk = tf.where(backs_off, tf.maximum(scale / multiplier, floor), scale)
+  if non_finite_count == 'consecutive':
+    new_streak = tf.where(finite, zero, streak + 1)
+    backs_off = new_streak >= hysteresis
+  elif non_finite_count == 'accumulated':
+    counted = tf.where(finite, tf.where(period_reached, zero, streak),
+                       streak + 1)
+    backs_off = tf.logical_and(tf.logical_not(finite), counted >= hysteresis)
+    new_streak = tf.where(backs_off, zero, counted)
+  else:
+    raise ValueError(
+        "non_finite_count must be 'consecutive' or 'accumulated', but got "
+        f'{non_finite_count!r}.')
+  reduced = (scale / multiplier if backoff_factor is None else
+             scale * tf.convert_to_tensor(backoff_factor, scale.dtype))
+  shrunk = tf.where(backs_off, tf.maximum(reduced, floor), scale)
   skipped_at_floor = tf.logical_and(tf.logical_not(finite), scale <= floor)
 
   return DynamicState(

@@ -79,6 +79,11 @@ def state_tensors(source: LossScaleSource) -> Dict[str, tf.Tensor]:
     return values
   elif getattr(holder, 'dynamic_scale', None) is not None:
     scale = holder.dynamic_scale
+  elif _is_contrib_optimizer(holder):
+    # TF 1.13-1.15's managers keep their own counters, in their own way.
+    return {SCALE: tf.cast(holder.loss_scale_manager.get_loss_scale(),
+                           tf.float32),
+            SKIPPED_STEPS: holder._monitor.skipped_steps()}  # pylint: disable=protected-access
   else:
     raise ValueError(
         f'{type(holder).__name__} {getattr(holder, "name", "")!r} has no loss '
@@ -100,7 +105,7 @@ def _state_holder(source: LossScaleSource) -> Any:
   found = getattr(source, 'loss_scale', None)
   if isinstance(found, loss_scale_lib.LossScale):
     return found
-  if _is_keras_2_loss_scale_optimizer(source):
+  if _is_keras_2_loss_scale_optimizer(source) or _is_contrib_optimizer(source):
     return source
   # Keras 3's class creates its two variables when it is built, on the first
   # step; it is known for one before that by its type.
@@ -212,6 +217,14 @@ class _SkipLog:
                'of two')
     logging.warning(line)
     return line
+
+
+def _is_contrib_optimizer(source: Any) -> bool:
+  # tf_loss_scale.contrib.mixed_precision's: a manager and this library's
+  # record of the steps.
+  return (getattr(source, 'loss_scale_manager', None) is not None and
+          isinstance(getattr(source, '_monitor', None),
+                     step_record.StepRecord))
 
 
 def _is_keras_2_loss_scale_optimizer(source: Any) -> bool:
@@ -401,8 +414,9 @@ class LossScaleHook(tf.compat.v1.train.SessionRunHook):
     """Creates the hook; build it in the graph that trains.
 
     Args:
-      source: A `LossScale`, or an optimizer whose `loss_scale` is one
-        (else TypeError).
+      source: A `LossScale`, an optimizer whose `loss_scale` is one, or a
+        `tf_loss_scale.contrib.mixed_precision.LossScaleOptimizer` (else
+        TypeError).
       output_dir: Directory for TensorBoard event files, or None.
       every_n_steps: Read the state every this many runs, a positive int
         (else ValueError).

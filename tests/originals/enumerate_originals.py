@@ -87,10 +87,25 @@ def _tf115():
     step = opt.minimize(var * var)
     fixed, dynamic = train.FixedLossScale(128.0), train.DynamicLossScale()
     updates = [s.update([tf.constant(1.0)])[0] for s in (fixed, dynamic)]
+    contrib = tf.contrib.mixed_precision
+    managers = (contrib.FixedLossScaleManager(128.0),
+                contrib.ExponentialUpdateLossScaleManager(2.0 ** 15, 2))
+    contrib_opts = [contrib.LossScaleOptimizer(
+        tf.train.MomentumOptimizer(0.1, 0.9), manager) for manager in managers]
+    contrib_steps = [opt.minimize(var * var) for opt in contrib_opts]
     with tf.Session() as session:
       session.run(tf.global_variables_initializer())
       session.run([step] + updates)
-  return {
+      session.run(contrib_steps)
+  contrib_subjects = {
+      'contrib.' + name: (
+          'TF 1.13-1.15 contrib', 'tf.contrib.mixed_precision.' + name, obj)
+      for name, obj in (
+          ('LossScaleManager', contrib.LossScaleManager),
+          ('FixedLossScaleManager', managers[0]),
+          ('ExponentialUpdateLossScaleManager', managers[1]),
+          ('LossScaleOptimizer', contrib_opts[1]))}
+  return dict({
       'MixedPrecisionLossScaleOptimizer': (
           'TF 1.14-1.15',
           'tf.train.experimental.MixedPrecisionLossScaleOptimizer', opt),
@@ -100,7 +115,8 @@ def _tf115():
                          'tf.train.experimental.FixedLossScale', fixed),
       'DynamicLossScale': ('TF 1.14-1.15',
                            'tf.train.experimental.DynamicLossScale', dynamic),
-  }, _rewrite_functions('TF 1.14-1.15', ['train.experimental'])
+  }, **contrib_subjects), _rewrite_functions('TF 1.14-1.15',
+                                             ['train.experimental'])
 
 
 def _rewrite_functions(generation, modules):

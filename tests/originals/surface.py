@@ -43,6 +43,15 @@ OURS = {
     'LossScale': 'tf_loss_scale.LossScale',
     'FixedLossScale': 'tf_loss_scale.FixedLossScale',
     'DynamicLossScale': 'tf_loss_scale.DynamicLossScale',
+    'contrib.LossScaleManager':
+        'tf_loss_scale.contrib.mixed_precision.LossScaleManager',
+    'contrib.FixedLossScaleManager':
+        'tf_loss_scale.contrib.mixed_precision.FixedLossScaleManager',
+    'contrib.ExponentialUpdateLossScaleManager':
+        'tf_loss_scale.contrib.mixed_precision.'
+        'ExponentialUpdateLossScaleManager',
+    'contrib.LossScaleOptimizer':
+        'tf_loss_scale.contrib.mixed_precision.LossScaleOptimizer',
 }
 # Every graph rewrite function's path maps to ours of the same name (the one
 # `compat.install()` puts at those paths).
@@ -112,7 +121,30 @@ def ours() -> Dict[str, Any]:
   for name in ('enable_mixed_precision_graph_rewrite',
                'disable_mixed_precision_graph_rewrite'):
     made[f'{REWRITE_MODULE}.{name}'] = getattr(graph_rewrite, name)
+  made.update(_contrib())
   return made
+
+
+def _contrib() -> Dict[str, Any]:
+  """Ours of `tf.contrib.mixed_precision`, after one step in a TF1 graph."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.contrib import mixed_precision  # pylint: disable=g-import-not-at-top
+  v1 = tf.compat.v1
+  with tf.Graph().as_default():
+    var = v1.Variable(1.0)
+    managers = (mixed_precision.FixedLossScaleManager(128.0),
+                mixed_precision.ExponentialUpdateLossScaleManager(2.0**15, 2))
+    opts = [mixed_precision.LossScaleOptimizer(
+        v1.train.MomentumOptimizer(0.1, 0.9), manager) for manager in managers]
+    steps = [opt.minimize(var * var) for opt in opts]
+    with v1.Session() as session:
+      session.run(v1.global_variables_initializer())
+      session.run(steps)
+  path = 'tf_loss_scale.contrib.mixed_precision.'
+  return {path + 'LossScaleManager': mixed_precision.LossScaleManager,
+          path + 'FixedLossScaleManager': managers[0],
+          path + 'ExponentialUpdateLossScaleManager': managers[1],
+          path + 'LossScaleOptimizer': opts[1]}
 
 
 _POSITIONAL = ('POSITIONAL_ONLY', 'POSITIONAL_OR_KEYWORD')

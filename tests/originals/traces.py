@@ -14,7 +14,9 @@ what TF 2.x's optimizer members return after a step (`members()`). The JSON
 maps each scenario to its trace; tests/test_traces.py compares ours with the
 originals'. On TensorFlow 1.15 (and with --ours, but under tf_keras) it also
 holds the JSON line of each TF1 program of tests/legacy/ compared with
-TensorFlow's wrapper (`tf1_programs`).
+TensorFlow's wrapper (`tf1_programs`), and the `contrib` scenarios of
+tf.contrib.mixed_precision (contrib_traces.py; tests/test_traces.py runs
+ours of them in its own process).
 """
 
 import json
@@ -341,15 +343,24 @@ def slots(make, optimizers, make_variable):
   return record
 
 
-def originals():
-  """{scenario: trace} on the original TensorFlow running this."""
+def originals(out_dir):
+  """{scenario: trace} on the original TensorFlow running this.
+
+  On TF 1.15 the `contrib` scenarios (contrib_traces.py) leave their
+  checkpoints in OUT_DIR/contrib-tf1.15/, for ours to restore.
+  """
   version = '.'.join(tf.__version__.split('.')[:2])
   if version == '1.15':
+    sys.path.insert(0, _HERE)
+    import contrib_traces  # pylint: disable=g-import-not-at-top
     return dict({'configs tf1.15': configs({}, tf.train.experimental),
                  'v1 session': v1_session(
         tf, lambda ls: tf.train.experimental.MixedPrecisionLossScaleOptimizer(
             tf.train.MomentumOptimizer(0.1, 0.9), ls),
-        lambda: _dynamic(tf.train.experimental))}, **tf1_programs(False))
+        lambda: _dynamic(tf.train.experimental))}, **dict(
+            tf1_programs(False), **contrib_traces.scenarios(
+                tf, tf.contrib.mixed_precision,
+                os.path.join(out_dir, 'contrib-tf1.15'))))
   keras = tf.keras
   if version == '2.3':
     def make():
@@ -503,7 +514,7 @@ def main(argv):
     if os.environ.get('TF_USE_LEGACY_KERAS') != '1':  # Once: no Keras there.
       traces.update(tf1_programs(True))
   else:
-    traces, out = originals(), argv[1]
+    traces, out = originals(os.path.dirname(os.path.abspath(argv[1]))), argv[1]
   record = {'tensorflow': tf.__version__, 'traces': traces}
   with open(out, 'w') as f:
     json.dump(record, f, indent=1, sort_keys=True)
