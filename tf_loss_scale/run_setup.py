@@ -22,12 +22,11 @@ ENVIRON = 'TF_LOSS_SCALE_RUN'
 LAST_LEGACY_OPTIMIZERS = (2, 10)
 _LEGACY_OPTIMIZER_NAMES = ('Adadelta', 'Adagrad', 'Adam', 'Adamax', 'Ftrl',
                            'Nadam', 'Optimizer', 'RMSprop', 'SGD')
-# What this library serves of `tf.contrib` under `--tf 1`, where installed.
+# What this library serves of `tf.contrib` under `--tf 1`.
 CONTRIB_SERVED = {'mixed_precision': 'tf_loss_scale.contrib.mixed_precision'}
 CONTRIB_MESSAGE = (
     'tf.contrib was removed in TensorFlow 2: port this use of it '
-    '(tf-loss-scale run --tf 1 serves tf.contrib.mixed_precision, where '
-    'tf_loss_scale.contrib is installed)')
+    '(tf-loss-scale run --tf 1 serves tf.contrib.mixed_precision only)')
 ESTIMATOR_MESSAGE = ('tf.estimator was removed in TensorFlow 2.16: run on '
                      '2.15 or earlier, where this library runs too')
 _LIBRARY = __name__.split('.')[0]
