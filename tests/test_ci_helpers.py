@@ -5,6 +5,7 @@ suite. Here it runs synthetic steps in bash, under `.ci/run`'s own shell
 options, and the test reads which failures `collect` counted.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -88,3 +89,96 @@ def test_ci_run_parses_and_sources_its_helpers():
   assert subprocess.run(['bash', '-n', run], check=False).returncode == 0
   with open(run) as f:
     assert '\nsource .ci/background.sh\n' in f.read()
+
+
+def _ci_module(name):
+  """A module of .ci/, loaded from its file (.ci is no package)."""
+  spec = importlib.util.spec_from_file_location(
+      f'ci_{name}', os.path.join(_CI, f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+keras_releases = _ci_module('keras_releases')
+
+_SMOKE_PASSED = ('Keras 3.9.2 (/scratch/3.9.2/keras), TensorFlow 2.21.0\n'
+                 'PASSED fit\nPASSED replicas\n2 passed, 0 failed\n')
+
+
+def test_release_matrix_takes_the_newest_patch_of_each_minor_release():
+  listed = ['3.15.1', '3.15.0', '3.13.0rc1', '3.4.1', '3.4.0', '3.3.3',
+            '3.2.1', '2.15.0', '3.10.0']
+  assert keras_releases.newest_patches(listed, (3, 3, 3)) == [
+      '3.3.3', '3.4.1', '3.10.0', '3.15.1']
+
+
+def test_release_matrix_names_minor_releases_the_index_lacks():
+  listed = ['3.3.3', '3.4.1', '3.6.0', '3.7.0']
+  assert keras_releases.missing_minors(listed, (3, 3, 3), (3, 7, 0)) == [
+      '3.5']
+  # Up to the newest tested, even where the index stops before it.
+  assert keras_releases.missing_minors(listed, (3, 3, 3), (3, 9, 1)) == [
+      '3.5', '3.8', '3.9']
+  assert keras_releases.missing_minors(
+      [f'3.{minor}.0' for minor in range(3, 16)], (3, 3, 3), (3, 15, 1)) == []
+
+
+def test_release_matrix_passes_a_release_that_ran_the_keras_asked_for():
+  assert keras_releases.judge('3.9.2', 0, _SMOKE_PASSED, {}) == (
+      'passed', '2 passed, 0 failed')
+
+
+def test_release_matrix_fails_a_release_that_imported_another_keras():
+  outcome, shown = keras_releases.judge(
+      '3.9.2', 0, _SMOKE_PASSED.replace('3.9.2', '3.15.1'), {})
+  assert outcome == 'failed'
+  assert shown == '2 passed, 0 failed; imported Keras 3.15.1, not 3.9.2'
+
+
+def test_release_matrix_fails_a_run_without_the_scripts_summary():
+  assert keras_releases.judge('3.9.2', 0, _SMOKE_PASSED.splitlines()[0],
+                              {}) == ('failed', 'exit 0')
+  assert keras_releases.judge('3.9.2', 1, _SMOKE_PASSED.replace(
+      '2 passed, 0', '1 passed, 1'), {}) == ('failed', '1 passed, 1 failed')
+
+
+def test_release_matrix_skips_a_release_only_for_a_listed_platform_limit():
+  skipped = ('SKIPPED: Keras (/scratch/3.4.1) does not run on TensorFlow '
+             '2.21.0 without this library: ImportError: no ml_dtypes.int2\n')
+  limits = keras_releases.platform_limits(
+      'text\n\nPlatform limits of the matrix:\n'
+      '- Keras 3.4: `ImportError: no ml_dtypes.int2` (ml_dtypes too new)\n'
+      '- Keras 3.5: `other words` (why)\n\nMore text.\n'
+      '- Keras 3.6: `outside the list`\n')
+  assert limits == {'3.4': ['ImportError: no ml_dtypes.int2'],
+                    '3.5': ['other words']}
+  assert keras_releases.judge('3.4.1', 2, skipped, limits) == (
+      'skipped', skipped.strip())
+  for version, allowed in (('3.5.0', limits), ('3.4.1', {})):
+    outcome, shown = keras_releases.judge(version, 2, skipped, allowed)
+    assert outcome == 'failed', version
+    assert shown.endswith('(no platform limit of docs/testing.md for Keras '
+                          f'{version[:3]} names this skip)')
+
+
+def test_the_platform_limits_of_docs_testing_are_read():
+  with open(os.path.join(os.path.dirname(_CI), 'docs', 'testing.md')) as f:
+    text = f.read()
+  assert '\nPlatform limits of the Keras release matrix:\n' in text
+  # Each item of the list, as the step reads them (none today).
+  assert keras_releases.platform_limits(text) == {}
+
+
+@pytest.mark.slow  # A TensorFlow process; the judge's tests above are fast.
+def test_release_smoke_script_fails_where_it_imported_another_keras(
+    monkeypatch):
+  import fresh_process  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('TF_LOSS_SCALE_EXPECTED_KERAS', '3.4.1')
+  result = fresh_process.run([os.path.join(
+      os.path.dirname(os.path.abspath(__file__)), 'keras_release_smoke.py')])
+  assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+  assert result.stdout.splitlines()[-1] == (
+      f'FAILED version: imported Keras {keras.__version__}, not 3.4.1 '
+      '(TF_LOSS_SCALE_EXPECTED_KERAS)')
