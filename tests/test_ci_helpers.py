@@ -182,3 +182,64 @@ def test_release_smoke_script_fails_where_it_imported_another_keras(
   assert result.stdout.splitlines()[-1] == (
       f'FAILED version: imported Keras {keras.__version__}, not 3.4.1 '
       '(TF_LOSS_SCALE_EXPECTED_KERAS)')
+
+
+with_install = _ci_module('keras_tests_with_install')
+
+_LSO_TEST = ('keras.src.optimizers.loss_scale_optimizer_test.'
+             'LossScaleOptimizerTest::')
+
+
+def _rebound(*namespaces):
+  return [f'{namespace}.LossScaleOptimizer -> '
+          'keras.mixed_precision.LossScaleOptimizer'
+          for namespace in namespaces]
+
+
+def test_with_install_requires_the_test_modules_own_name_rebound():
+  required = with_install._KERAS_CLASS_REBINDS  # pylint: disable=protected-access
+  assert required[0] == 'keras.src.optimizers.loss_scale_optimizer_test'
+  assert with_install.rebinding_problems(_rebound(*required), required) == []
+  # Only the trainer's names rebound: the module's own still Keras's.
+  assert with_install.rebinding_problems(
+      _rebound('keras.src.optimizers', 'keras.src.trainers.trainer'),
+      required) == ['keras.src.optimizers.loss_scale_optimizer_test.'
+                    "LossScaleOptimizer is not install()'s class"]
+
+
+def _keras_class_group():
+  return with_install.Group(
+      'keras-class', [], {}, '',
+      run_with_install=with_install._KERAS_CLASS_STATELESS)  # pylint: disable=protected-access
+
+
+def test_with_install_flags_tests_that_skip_or_fail_only_with_install():
+  plain = {f'{_LSO_TEST}test_config': 'passed',
+           f'{_LSO_TEST}test_upscaling_stateful': 'passed',
+           f'{_LSO_TEST}test_infinite_step_stateful': 'passed',
+           f'{_LSO_TEST}test_upscaling_stateless': 'skipped',
+           f'{_LSO_TEST}test_serialization': 'failed'}
+  installed = dict(plain, **{
+      f'{_LSO_TEST}test_upscaling_stateful': 'skipped',
+      f'{_LSO_TEST}test_infinite_step_stateful': 'error',
+      f'{_LSO_TEST}test_upscaling_stateless': 'passed'})
+  assert with_install.install_only_problems(
+      _keras_class_group(), plain, installed) == [
+          f'{_LSO_TEST}test_infinite_step_stateful error only with install() '
+          '(passed plainly)',
+          f'{_LSO_TEST}test_upscaling_stateful skipped only with install() '
+          '(passed plainly)']
+
+
+def test_with_install_requires_keras_stateless_cases_to_run_on_its_class():
+  plain = {f'{_LSO_TEST}test_finite_step_stateless': 'skipped',
+           f'{_LSO_TEST}test_finite_step_stateful': 'passed'}
+  group = _keras_class_group()
+  assert with_install.install_only_problems(group, plain, plain) == [
+      f'{_LSO_TEST}test_finite_step_stateless must run with install(), but '
+      'skipped']
+  assert with_install.install_only_problems(
+      group, plain, {f'{_LSO_TEST}test_finite_step_stateful': 'passed'}) == [
+          f'no test matching {group.run_with_install[0]} with install()']
+  ran = dict(plain, **{f'{_LSO_TEST}test_finite_step_stateless': 'passed'})
+  assert with_install.install_only_problems(group, plain, ran) == []
