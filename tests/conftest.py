@@ -146,6 +146,57 @@ def pytest_collection_modifyitems(config, items):
   if config.getoption('--full'):
     return
   slow = [item for item in items if item.get_closest_marker('slow')]
+  config.stash[_SLOW_LEFT_OUT] = len(slow)
   if slow:
     config.hook.pytest_deselected(items=slow)
     items[:] = [item for item in items if not item.get_closest_marker('slow')]
+
+
+_SLOW_LEFT_OUT = pytest.StashKey[int]()
+
+
+def not_run_here(skips, slow_left_out):
+  """The closing summary's lines: what this run could not check.
+
+  Args:
+    skips: (test id, reason) of each test that skipped.
+    slow_left_out: how many tests of the full tier were left out.
+
+  Returns:
+    Lines: the full tier's count and how to run it, then each reason a
+    test skipped for (what this environment lacks), with its tests.
+  """
+  lines = []
+  if slow_left_out:
+    lines.append(f'{slow_left_out} tests of the full tier not run: '
+                 '`pytest -q tests --full` runs them (CI does).')
+  by_reason = {}
+  for test, reason in skips:
+    by_reason.setdefault(reason, []).append(test)
+  if by_reason:
+    lines.append(f'{len(skips)} checks this environment cannot run (CI runs '
+                 'them where they apply: docs/testing.md):')
+  for reason, tests in sorted(by_reason.items()):
+    lines.append(f'  {reason}')
+    lines += [f'    {test}' for test in sorted(tests)]
+  return lines
+
+
+def _skip_reason(report):
+  if isinstance(report.longrepr, tuple):
+    reason = report.longrepr[2]
+  else:
+    reason = str(report.longrepr)
+  return reason[len('Skipped: '):] if reason.startswith('Skipped: ') else reason
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  """Says what the run did not check: the full tier, and each skip's why."""
+  del exitstatus  # Unused.
+  skips = [(report.nodeid, _skip_reason(report))
+           for report in terminalreporter.stats.get('skipped', ())]
+  lines = not_run_here(skips, config.stash.get(_SLOW_LEFT_OUT, 0))
+  if lines:
+    terminalreporter.write_sep('=', 'not run here')
+    for line in lines:
+      terminalreporter.write_line(line)

@@ -1,15 +1,18 @@
-"""One test whose collectives abort does not fail the tests after it.
+"""What tests/conftest.py gives every run.
 
-A failed collective op (here, two strategies' all-reduces of different
+One test whose collectives abort does not fail the tests after it. A failed collective op (here, two strategies' all-reduces of different
 shapes under the same keys) aborts every later collective of the process.
 tests/conftest.py makes the eager context and its `mirrored_strategy` anew
 after such a test; a pytest run of made-up tests, in a fresh process with
-that conftest, shows the next test's all-reduce sums again.
+that conftest, shows the next test's all-reduce sums again. And the run's
+closing summary says what it could not check here.
 """
 
 import os
 import subprocess
 import sys
+
+import conftest
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -65,3 +68,20 @@ def test_tests_after_an_aborted_collective_run_on_a_new_strategy(tmp_path):
               'PASSED test_4_a_variable_on_both_replicas',
               'FAILED test_2_aborts_the_collectives'], done.stdout[-3000:]
   assert 'Collective ops is aborted' in done.stdout
+
+
+def test_the_summary_names_what_this_run_cannot_check():
+  skips = [('tests/b.py::test_x', 'needs Keras 3.9 or later (keras 3.15.1)'),
+           ('tests/a.py::test_y', 'needs Keras 3.9 or later (keras 3.15.1)'),
+           ('tests/a.py::test_z', 'needs tf_keras')]
+  assert conftest.not_run_here(skips, 394) == [
+      '394 tests of the full tier not run: `pytest -q tests --full` runs '
+      'them (CI does).',
+      '3 checks this environment cannot run (CI runs them where they apply: '
+      'docs/testing.md):',
+      '  needs Keras 3.9 or later (keras 3.15.1)',
+      '    tests/a.py::test_y',
+      '    tests/b.py::test_x',
+      '  needs tf_keras',
+      '    tests/a.py::test_z']
+  assert conftest.not_run_here([], 0) == []
