@@ -279,8 +279,8 @@ def main(logs: str, *versions: str) -> int:
   print(f'Keras 3 releases over TensorFlow in {sys.prefix}: '
         f'{", ".join(versions)}', flush=True)
   if missing:
-    print(f'FAILED the package index lists no Keras {", ".join(missing)}: '
-          'those minor releases cannot run', flush=True)
+    print(f'keras {", ".join(missing)}: FAILED: the package index lists no '
+          'such minor release, which therefore cannot run', flush=True)
   start = time.monotonic()
   with tempfile.TemporaryDirectory() as scratch:
     outcomes = {version: _run(version, scratch, logs, limits)
