@@ -168,14 +168,16 @@ def not_run_here(skips, slow_left_out):
   """
   lines = []
   if slow_left_out:
-    lines.append(f'{slow_left_out} tests of the full tier not run: '
-                 '`pytest -q tests --full` runs them (CI does).')
+    lines.append(f'{slow_left_out} test{"s" * (slow_left_out != 1)} of the '
+                 'full tier not run: `pytest -q tests --full` runs them (CI '
+                 'does).')
   by_reason = {}
   for test, reason in skips:
     by_reason.setdefault(reason, []).append(test)
   if by_reason:
-    lines.append(f'{len(skips)} checks this environment cannot run (CI runs '
-                 'them where they apply: docs/testing.md):')
+    lines.append(f'{len(skips)} check{"s" * (len(skips) != 1)} this '
+                 'environment cannot run (CI runs them where they apply: '
+                 'docs/testing.md):')
   for reason, tests in sorted(by_reason.items()):
     lines.append(f'  {reason}')
     lines += [f'    {test}' for test in sorted(tests)]

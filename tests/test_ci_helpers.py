@@ -1,8 +1,11 @@
-"""The helpers of .ci/run: a step run in the background fails CI however it fails.
+"""The helpers of .ci/run, on made-up steps and outputs.
 
 `.ci/background.sh` (sourced by .ci/run) runs steps beside the README's
-suite. Here it runs synthetic steps in bash, under `.ci/run`'s own shell
-options, and the test reads which failures `collect` counted.
+suite: a step run in the background fails CI however it fails. Here it runs
+synthetic steps in bash, under `.ci/run`'s own shell options, and the tests
+read which failures `collect` counted. Then the verdicts of the Keras
+release matrix (.ci/keras_releases.py) and of the with-install step
+(.ci/keras_tests_with_install.py), pure functions of what the runs printed.
 """
 
 import importlib.util
@@ -15,8 +18,8 @@ import pytest
 _CI = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), '.ci')
 
-pytestmark = pytest.mark.skipif(shutil.which('bash') is None,
-                                reason='needs bash, which .ci/run runs in')
+_NEEDS_BASH = pytest.mark.skipif(shutil.which('bash') is None,
+                                 reason='needs bash, which .ci/run runs in')
 
 _STEPS = r'''
 set -uo pipefail
@@ -47,15 +50,18 @@ def _collected(tmp_path, *steps):
   return done.returncode, counted
 
 
+@_NEEDS_BASH
 def test_a_step_that_passes_counts_no_failure(tmp_path):
   assert _collected(tmp_path, 'passes') == (0, [])
   assert (tmp_path / 'passes.out').read_text() == 'all well\n'
 
 
+@_NEEDS_BASH
 def test_a_step_that_records_failures_counts_each(tmp_path):
   assert _collected(tmp_path, 'records_two') == (1, ['first', 'second'])
 
 
+@_NEEDS_BASH
 def test_a_step_that_aborts_under_set_u_fails_with_what_it_recorded(
     tmp_path):
   status, counted = _collected(tmp_path, 'aborts_under_set_u', 'passes')
@@ -68,6 +74,7 @@ def test_a_step_that_aborts_under_set_u_fails_with_what_it_recorded(
       tmp_path / 'aborts_under_set_u.out').read_text()
 
 
+@_NEEDS_BASH
 def test_a_step_that_exits_early_fails(tmp_path):
   status, counted = _collected(tmp_path, 'exits_early')
   assert status == 1
@@ -75,6 +82,7 @@ def test_a_step_that_exits_early_fails(tmp_path):
                      f'its output is above and in {tmp_path}/exits_early.out)']
 
 
+@_NEEDS_BASH
 @pytest.mark.parametrize('step,signal_status', [('is_killed', 137),
                                                 ('is_terminated', 143)])
 def test_a_step_killed_fails(tmp_path, step, signal_status):
@@ -84,6 +92,7 @@ def test_a_step_killed_fails(tmp_path, step, signal_status):
       f'{step}: stopped before its end (exit {signal_status};'), counted
 
 
+@_NEEDS_BASH
 def test_ci_run_parses_and_sources_its_helpers():
   run = os.path.join(_CI, 'run')
   assert subprocess.run(['bash', '-n', run], check=False).returncode == 0
