@@ -15,10 +15,19 @@ A release whose wheel ships Keras's own test files also runs the
 `keras-class` group of .ci/keras_tests_with_install.py (Keras's tests of
 its LossScaleOptimizer against the class install() names).
 
+A release fails if the smoke script imported another Keras than the one
+asked for, or if it skipped without naming one of the platform limits
+docs/testing.md lists (its "Platform limits" list: a skip is a Keras that
+cannot run on this TensorFlow at all, and must be one a reader can look up).
+The releases listed by the index must hold every minor release from the
+oldest supported to the newest listed or tested (keras3_support's
+NEWEST_TESTED): one that is missing fails the run rather than going unrun.
+
 Prints a line per release (passed, failed or skipped with the script's
 reason, and seconds) and each failing check's output; the scripts' output
 goes to LOGS_DIR/keras-release-X.Y.Z.log. Exits 1 if a release failed, the
-releases could not be listed or installed, or none ran.
+releases could not be listed or installed, a minor release is missing, or
+none ran.
 """
 
 import importlib.metadata
@@ -38,6 +47,9 @@ _SMOKE = os.path.join(_CHECKOUT, 'tests', 'keras_release_smoke.py')
 _SUPPORT = os.path.join(_CHECKOUT, 'tf_loss_scale', 'keras', 'shared',
                         'keras3_support.py')
 _SKIPPED = 2  # The smoke script's exit status for a Keras that cannot run.
+_TESTING_DOC = os.path.join(_CHECKOUT, 'docs', 'testing.md')
+# The smoke script's environment variable naming the Keras it must import.
+_EXPECTED = 'TF_LOSS_SCALE_EXPECTED_KERAS'
 _WITH_INSTALL = os.path.join(_CHECKOUT, '.ci', 'keras_tests_with_install.py')
 # Shipped by some Keras wheels (3.12.4, 3.15.1), not all.
 _TESTS = os.path.join('src', 'optimizers', 'loss_scale_optimizer_test.py')
@@ -45,17 +57,53 @@ _TESTS = os.path.join('src', 'optimizers', 'loss_scale_optimizer_test.py')
 Release = Tuple[int, int, int]
 
 
-def _oldest() -> Release:
+def _supported(name: str) -> Release:
+  """keras3_support's OLDEST or NEWEST_TESTED."""
   # Read from the source: importing it would import Keras and TensorFlow.
   with open(_SUPPORT) as f:
-    found = re.search(r'^OLDEST = \((\d+), (\d+), (\d+)\)', f.read(), re.M)
+    found = re.search(rf'^{name} = \((\d+), (\d+), (\d+)\)', f.read(), re.M)
   if found is None:
-    raise SystemExit(f'no OLDEST = (...) in {_SUPPORT}')
+    raise SystemExit(f'no {name} = (...) in {_SUPPORT}')
   return tuple(int(part) for part in found.groups())
 
 
-def _newest_patches() -> List[str]:
-  """The newest patch of each Keras 3 minor release from the oldest on."""
+def newest_patches(listed: List[str], oldest: Release) -> List[str]:
+  """The newest patch of each Keras 3 minor release from `oldest` on.
+
+  Args:
+    listed: versions as the package index lists them ('3.12.0', '3.13.0rc1').
+    oldest: the oldest release supported.
+
+  Returns:
+    'X.Y.Z' per minor release, oldest first; pre-releases are left out.
+  """
+  newest: Dict[Tuple[int, int], Release] = {}
+  for version in listed:
+    if not re.fullmatch(r'\d+\.\d+\.\d+', version):
+      continue
+    release = tuple(int(part) for part in version.split('.'))
+    if release[0] == 3 and release[:2] >= oldest[:2]:
+      minor = release[:2]
+      newest[minor] = max(newest.get(minor, release), release)
+  return ['.'.join(map(str, newest[minor])) for minor in sorted(newest)]
+
+
+def missing_minors(versions: List[str], oldest: Release,
+                   newest_tested: Release) -> List[str]:
+  """Keras 3 minor releases absent from `versions`, as 'X.Y'.
+
+  Every minor release from `oldest`'s to the newest of `versions` and
+  `newest_tested` must be there: the index may lack one (yanked, or a
+  mirror behind), and a release not listed is a release not run.
+  """
+  have = {tuple(int(part) for part in v.split('.')[:2]) for v in versions}
+  last = max(have | {newest_tested[:2]})[1]
+  return [f'3.{minor}' for minor in range(oldest[1], last + 1)
+          if (3, minor) not in have]
+
+
+def _listed() -> List[str]:
+  """Every version of Keras the package index lists."""
   listed = subprocess.run(
       [sys.executable, '-m', 'pip', 'index', 'versions', 'keras'],
       capture_output=True, text=True, check=False)
@@ -63,15 +111,55 @@ def _newest_patches() -> List[str]:
   if listed.returncode or found is None:
     raise SystemExit('pip index versions keras listed no releases:\n'
                      f'{listed.stdout}{listed.stderr}')
-  newest: Dict[Tuple[int, int], Release] = {}
-  for version in found.group(1).split(', '):
-    if not re.fullmatch(r'\d+\.\d+\.\d+', version):
-      continue  # Pre-releases, if any are listed.
-    release = tuple(int(part) for part in version.split('.'))
-    if release[0] == 3 and release >= _oldest()[:2] + (0,):
-      minor = release[:2]
-      newest[minor] = max(newest.get(minor, release), release)
-  return ['.'.join(map(str, newest[minor])) for minor in sorted(newest)]
+  return found.group(1).split(', ')
+
+
+def platform_limits(text: str) -> Dict[str, List[str]]:
+  """The skips docs/testing.md allows: 'X.Y' -> words the reason must hold.
+
+  Read from its "Platform limits" list, one item a limit:
+  `` - Keras 3.4: `words of the skip's reason` (why) ``.
+  """
+  section = re.search(r'^Platform limits[^\n]*\n((?:\n|- .*\n|  .*\n)*)',
+                      text, re.M)
+  limits: Dict[str, List[str]] = {}
+  for minor, words in re.findall(r'^- Keras (3\.\d+): `([^`]+)`',
+                                 section.group(1) if section else '', re.M):
+    limits.setdefault(minor, []).append(words)
+  return limits
+
+
+def judge(version: str, returncode: int, output: str,
+          limits: Dict[str, List[str]]) -> Tuple[str, str]:
+  """The outcome of one release's smoke run, and the line that shows it.
+
+  Args:
+    version: the Keras release asked for.
+    returncode: the smoke script's exit status.
+    output: what it printed.
+    limits: the skips allowed, from `platform_limits`.
+
+  Returns:
+    ('passed' | 'failed' | 'skipped', what to print after the outcome).
+  """
+  summary = re.findall(r'^(\d+ passed, \d+ failed|SKIPPED: .*)$', output,
+                       re.M)
+  shown = summary[-1] if summary else f'exit {returncode}'
+  if returncode == _SKIPPED:
+    reason = shown[len('SKIPPED: '):] if shown.startswith('SKIPPED: ') else ''
+    minor = '.'.join(version.split('.')[:2])
+    if reason and any(words in reason for words in limits.get(minor, ())):
+      return 'skipped', shown
+    return 'failed', (f'{shown} (no platform limit of docs/testing.md for '
+                      f'Keras {minor} names this skip)')
+  imported = re.search(r'^Keras (\S+) \(', output, re.M)
+  if imported is None or imported.group(1) != version:
+    return 'failed', (f'{shown}; imported Keras '
+                      f'{imported.group(1) if imported else "(none said)"}, '
+                      f'not {version}')
+  if returncode != 0 or not summary or summary[-1].startswith('SKIPPED'):
+    return 'failed', shown  # Exit 0 without the summary: not the script's.
+  return 'passed', shown
 
 
 def _unmet(target: str, version: str) -> List[str]:
@@ -111,7 +199,8 @@ def _install(version: str, target: str) -> str:
   return ''
 
 
-def _run(version: str, scratch: str, logs: str) -> str:
+def _run(version: str, scratch: str, logs: str,
+         limits: Dict[str, List[str]]) -> str:
   """Installs and smoke-tests one release; returns its outcome's word."""
   start = time.monotonic()
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
@@ -127,18 +216,14 @@ def _run(version: str, scratch: str, logs: str) -> str:
       return 'failed'
     path.insert(0, target)
   env['PYTHONPATH'] = os.pathsep.join(path)
+  env[_EXPECTED] = version
   log = os.path.join(logs, f'keras-release-{version}.log')
   with open(log, 'w') as f:
     done = subprocess.run([sys.executable, _SMOKE], env=env, stdout=f,
                           stderr=subprocess.STDOUT, check=False)
   with open(log) as f:
     output = f.read()
-  summary = re.findall(r'^(\d+ passed, \d+ failed|SKIPPED: .*)$', output,
-                       re.M)
-  outcome = {0: 'passed', _SKIPPED: 'skipped'}.get(done.returncode, 'failed')
-  if outcome == 'passed' and not summary:
-    outcome = 'failed'  # Exit 0 without the summary: not the script's.
-  shown = summary[-1] if summary else f'exit {done.returncode}'
+  outcome, shown = judge(version, done.returncode, output, limits)
   details = [f'  {line}' for line in output.splitlines()
              if line.startswith('FAILED ')]
   if outcome == 'failed' and not details:
@@ -184,18 +269,29 @@ def _keras_class_tests(version: str, env: Dict[str, str],
 
 def main(logs: str, *versions: str) -> int:
   os.makedirs(logs, exist_ok=True)
-  versions = versions or tuple(_newest_patches())
+  missing = []
+  if not versions:
+    versions = tuple(newest_patches(_listed(), _supported('OLDEST')))
+    missing = missing_minors(list(versions), _supported('OLDEST'),
+                             _supported('NEWEST_TESTED'))
+  with open(_TESTING_DOC) as f:
+    limits = platform_limits(f.read())
   print(f'Keras 3 releases over TensorFlow in {sys.prefix}: '
         f'{", ".join(versions)}', flush=True)
+  if missing:
+    print(f'keras {", ".join(missing)}: FAILED: the package index lists no '
+          'such minor release, which therefore cannot run', flush=True)
   start = time.monotonic()
   with tempfile.TemporaryDirectory() as scratch:
-    outcomes = {version: _run(version, scratch, logs) for version in versions}
+    outcomes = {version: _run(version, scratch, logs, limits)
+                for version in versions}
   counts = {o: sum(1 for v in outcomes.values() if v == o)
             for o in ('passed', 'failed', 'skipped')}
   print(f'keras releases: {counts["passed"]} passed, {counts["failed"]} '
-        f'failed, {counts["skipped"]} skipped '
+        f'failed, {counts["skipped"]} skipped'
+        f'{f", {len(missing)} missing" if missing else ""} '
         f'({time.monotonic() - start:.0f} s)')
-  return int(bool(counts['failed']) or not counts['passed'])
+  return int(bool(counts['failed']) or bool(missing) or not counts['passed'])
 
 
 if __name__ == '__main__':

@@ -11,8 +11,11 @@ differs, and exits 1 if, in either run of a group:
   - no test ran (every test skipped, or none collected);
   - pytest exits other than 0 (a test failed or errored, or pytest stopped),
     unless every failing test is one of _KNOWN_FAILURES for that run;
-  - a test fails (or errors) only with install(), or a test of
-    _KNOWN_FAILURES runs and no longer fails (its entry must go).
+  - a test fails (or errors) only with install(), or skips only with it
+    (a check install() made vanish), or a test of _KNOWN_FAILURES runs and
+    no longer fails (its entry must go);
+  - with install(), a name a group requires rebound was not, or a test the
+    group requires to run under install() did not.
 
   keras     Keras's own test files, run in place from the installed Keras
             wheel (site-packages/keras/src/...), with KERAS_BACKEND=
@@ -28,8 +31,12 @@ differs, and exits 1 if, in either run of a group:
             scaling tests), from the installed wheel as `keras`, with
             .ci/keras_class_name_plugin.py: with install(), the class they
             test is the one install() puts under
-            `keras.mixed_precision.LossScaleOptimizer` (the run fails if
-            the plugin did not rebind the name). Each file must run a test.
+            `keras.mixed_precision.LossScaleOptimizer` (the run fails unless
+            the plugin rebound the test module's own `LossScaleOptimizer`,
+            `keras.src.optimizers`' and the trainer's), and the stateless
+            cases, which Keras skips on TensorFlow (its class has no
+            `stateless_apply` there), run against it and must not skip.
+            Each file must run a test.
   tf_keras  This library's tests of compile, fit and saving under tf_keras
             (TF_USE_LEGACY_KERAS=1), with the checkout's pytest setup
             and --full (the slow ones too).
@@ -41,6 +48,7 @@ import dataclasses
 import glob
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -96,8 +104,12 @@ class Group:
   cwd: str
   # Module prefixes of test ids, each of which must run a test in each run.
   each_runs: Tuple[str, ...] = ()
-  # Whether .ci/keras_class_name_plugin.py must rebind names under install().
-  rebinds: bool = False
+  # Namespaces whose `LossScaleOptimizer` .ci/keras_class_name_plugin.py
+  # must rebind under install() (the test module's own among them).
+  rebinds: Tuple[str, ...] = ()
+  # Test ids (regular expressions, matched whole) that must run, not skip,
+  # with install(): each pattern must match at least one test.
+  run_with_install: Tuple[str, ...] = ()
 
 
 # (group, run) -> tests known to fail in that run, each with why. A test
@@ -112,6 +124,22 @@ _KNOWN_FAILURES: Dict[Tuple[str, str], Dict[str, str]] = {
     ('keras', 'plain'): _MISSING_FIXTURE,
     ('keras', 'install'): _MISSING_FIXTURE,
 }
+
+
+# What the keras-class group needs rebound: the name the test module
+# imported, the one the trainer's tests read (`optimizers.`) and the one
+# `compile` makes under mixed_float16.
+_KERAS_CLASS_REBINDS = (
+    'keras.src.optimizers.loss_scale_optimizer_test',
+    'keras.src.optimizers',
+    'keras.src.trainers.trainer',
+)
+# Keras's stateless cases (`test_*_stateless`), which it skips on
+# TensorFlow; the plugin runs them on install()'s class.
+_KERAS_CLASS_STATELESS = (
+    r'keras\.src\.optimizers\.loss_scale_optimizer_test\.'
+    r'LossScaleOptimizerTest::test_\w+_stateless',
+)
 
 
 def _keras_directory() -> str:
@@ -163,7 +191,7 @@ def _groups(scratch: str) -> List[Group]:
       each_runs=tuple(sorted({
           os.path.relpath(path, os.path.dirname(keras_dir))[:-3].replace(
               os.sep, '.') + '.' for path in class_files})),
-      rebinds=True)
+      rebinds=_KERAS_CLASS_REBINDS, run_with_install=_KERAS_CLASS_STATELESS)
   tf_keras = Group(
       'tf_keras',
       ['-p', 'no:cacheprovider', '-q', '--full', '-k', _TF_KERAS_SELECTION,
@@ -241,7 +269,10 @@ def _run(group: Group, install: bool, logs: str) -> Outcome:
   if install and group.rebinds:
     lines = _read(rebound).splitlines()
     print(f'{label}: ' + ('; '.join(lines) or 'NOTHING REBOUND'))
-    if not lines:
+    unbound = rebinding_problems(lines, group.rebinds)
+    for problem in unbound:
+      print(f'FAILED {label}: {problem}')
+    if unbound:
       outcome.returncode = outcome.returncode or 1
       return outcome
   if os.path.exists(junit):
@@ -282,6 +313,54 @@ def _problems(group: Group, run: Outcome) -> List[str]:
   return problems
 
 
+def rebinding_problems(lines: List[str], required: Tuple[str, ...]) -> List[str]:
+  """Names of `required` the plugin's record does not show rebound.
+
+  Args:
+    lines: .ci/keras_class_name_plugin.py's record, `NAMESPACE.
+      LossScaleOptimizer -> keras.mixed_precision.LossScaleOptimizer`.
+    required: the namespaces whose name must be install()'s class.
+  """
+  rebound = {line.split('.LossScaleOptimizer -> ')[0] for line in lines
+             if line.endswith(' -> keras.mixed_precision.LossScaleOptimizer')}
+  return [f'{namespace}.LossScaleOptimizer is not install()\'s class'
+          for namespace in required if namespace not in rebound]
+
+
+def install_only_problems(group: Group, plain: Dict[str, str],
+                          installed: Dict[str, str]) -> List[str]:
+  """What install() alone changed for the worse, test by test.
+
+  Args:
+    group: the group run (its `run_with_install` patterns).
+    plain: outcomes of the plain run, id -> passed, failed, error, skipped.
+    installed: outcomes of the run with install().
+
+  Returns:
+    One line per problem: a test failing, or skipping, only with install(),
+    and a required pattern no test matched, or a test it matched that did
+    not run with install().
+  """
+  bad, ran = ('failed', 'error'), ('passed', 'failed', 'error')
+  problems = []
+  for test in sorted(set(plain) | set(installed)):
+    without, with_install = plain.get(test), installed.get(test)
+    if with_install in bad and without not in bad:
+      problems.append(f'{test} {with_install} only with install() '
+                      f'({without or "absent"} plainly)')
+    elif with_install == 'skipped' and without in ran:
+      problems.append(f'{test} skipped only with install() ({without} '
+                      'plainly)')
+  for pattern in group.run_with_install:
+    matched = {t: o for t, o in installed.items() if re.fullmatch(pattern, t)}
+    if not matched:
+      problems.append(f'no test matching {pattern} with install()')
+    problems += [f'{test} must run with install(), but {outcome}'
+                 for test, outcome in sorted(matched.items())
+                 if outcome not in ran]
+  return problems
+
+
 def main(logs: str, *names: str) -> int:
   os.makedirs(logs, exist_ok=True)
   status = 0
@@ -295,7 +374,6 @@ def main(logs: str, *names: str) -> int:
         continue
       plain = _run(group, install=False, logs=logs)
       installed = _run(group, install=True, logs=logs)
-      bad = ('failed', 'error')
       differing = sorted(
           (test, plain.tests.get(test, 'absent'),
            installed.tests.get(test, 'absent'))
@@ -304,11 +382,8 @@ def main(logs: str, *names: str) -> int:
       for test, without, with_install in differing:
         print(f'  {test}: {without} plainly, {with_install} with install()')
       problems = _problems(group, plain) + _problems(group, installed)
-      only_with_install = [t for t, without, with_install in differing
-                           if with_install in bad and without not in bad]
-      if only_with_install:
-        problems.append(f'{group.name}: {len(only_with_install)} test(s) '
-                        'fail only with install()')
+      problems += [f'{group.name}: {problem}' for problem in
+                   install_only_problems(group, plain.tests, installed.tests)]
       for problem in problems:
         print(f'FAILED {problem}')
       status = status or int(bool(problems))

@@ -1,7 +1,9 @@
 """Test setup shared by every test module.
 
 Splits the one physical CPU into two logical devices before TensorFlow
-initialises, so that MirroredStrategy runs two real replicas.
+initialises, so that MirroredStrategy runs two real replicas, and gives the
+tests one MirroredStrategy over them, made anew after a test whose
+collectives aborted (which would fail every later collective).
 """
 
 import os
@@ -10,20 +12,49 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import pytest  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-_cpus = tf.config.list_physical_devices('CPU')
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+# The only way back from aborted collectives: a new eager context.
+from tensorflow.python.eager import context as eager_context  # pylint: disable=g-import-not-at-top
 
 
-@pytest.fixture(scope='session')
+def _two_logical_cpus():
+  tf.config.set_logical_device_configuration(
+      tf.config.list_physical_devices('CPU')[0],
+      [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+_two_logical_cpus()
+_strategy = []  # The MirroredStrategy of the tests, once made.
+# What a collective op raises, in this and every later collective of the
+# process, once one collective failed (a shape mismatch, a replica's error).
+_ABORTED = 'Collective ops is aborted'
+
+
+@pytest.fixture
 def mirrored_strategy():
-  """A MirroredStrategy over the two logical CPUs, one per test process.
+  """The MirroredStrategy over the two logical CPUs that the tests share.
 
   A second MirroredStrategy in the same process breaks its collectives
-  ("Shape mismatch in the collective instance"), so every test shares one.
+  ("Shape mismatch in the collective instance"), so the tests share one,
+  until a test's collectives abort: then the eager context is made anew
+  and so is the strategy (see `pytest_runtest_makereport`).
   """
-  return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+  if not _strategy:
+    _strategy.append(tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1']))
+  return _strategy[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """After a test whose collectives aborted, resets them for the next."""
+  del item, call  # Unused.
+  outcome = yield
+  report = outcome.get_result()
+  if report.failed and _ABORTED in str(report.longrepr):
+    # Every variable and tensor made so far goes with the old context: the
+    # failing test's report stands, the later tests start afresh.
+    eager_context._reset_context()  # pylint: disable=protected-access
+    _two_logical_cpus()
+    _strategy.clear()
 
 
 # Tests of the full tier only, by id (a prefix: every parametrization),
@@ -115,6 +146,59 @@ def pytest_collection_modifyitems(config, items):
   if config.getoption('--full'):
     return
   slow = [item for item in items if item.get_closest_marker('slow')]
+  config.stash[_SLOW_LEFT_OUT] = len(slow)
   if slow:
     config.hook.pytest_deselected(items=slow)
     items[:] = [item for item in items if not item.get_closest_marker('slow')]
+
+
+_SLOW_LEFT_OUT = pytest.StashKey[int]()
+
+
+def not_run_here(skips, slow_left_out):
+  """The closing summary's lines: what this run could not check.
+
+  Args:
+    skips: (test id, reason) of each test that skipped.
+    slow_left_out: how many tests of the full tier were left out.
+
+  Returns:
+    Lines: the full tier's count and how to run it, then each reason a
+    test skipped for (what this environment lacks), with its tests.
+  """
+  lines = []
+  if slow_left_out:
+    lines.append(f'{slow_left_out} test{"s" * (slow_left_out != 1)} of the '
+                 'full tier not run: `pytest -q tests --full` runs them (CI '
+                 'does).')
+  by_reason = {}
+  for test, reason in skips:
+    by_reason.setdefault(reason, []).append(test)
+  if by_reason:
+    lines.append(f'{len(skips)} check{"s" * (len(skips) != 1)} this '
+                 'environment cannot run (CI runs them where they apply: '
+                 'docs/testing.md):')
+  for reason, tests in sorted(by_reason.items()):
+    lines.append(f'  {reason}')
+    lines += [f'    {test}' for test in sorted(tests)]
+  return lines
+
+
+def _skip_reason(report):
+  if isinstance(report.longrepr, tuple):
+    reason = report.longrepr[2]
+  else:
+    reason = str(report.longrepr)
+  return reason[len('Skipped: '):] if reason.startswith('Skipped: ') else reason
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  """Says what the run did not check: the full tier, and each skip's why."""
+  del exitstatus  # Unused.
+  skips = [(report.nodeid, _skip_reason(report))
+           for report in terminalreporter.stats.get('skipped', ())]
+  lines = not_run_here(skips, config.stash.get(_SLOW_LEFT_OUT, 0))
+  if lines:
+    terminalreporter.write_sep('=', 'not run here')
+    for line in lines:
+      terminalreporter.write_line(line)

@@ -4,13 +4,16 @@
 imports slowly), the checks below on the installed Keras; .ci/run's
 `keras-releases` step runs it once per Keras 3 minor release over the
 README's TensorFlow (.ci/keras_releases.py), and tests/
-test_keras_release_smoke.py runs it on the suite's own Keras. Each check
+test_keras_releases.py runs it on the suite's own Keras. Each check
 restores what it changes (install(), the dtype policy). It prints one line
 per check, `PASSED name` or `FAILED name: what differed`, then
-`N passed, N failed`, and exits 1 if any failed. A Keras that cannot
-import, or fit a model, on the installed TensorFlow without this library
-(a Keras too old or too new for it) is no platform: the script prints
-`SKIPPED: why` and exits 2.
+`N passed, N failed`, and exits 1 if any failed, or if
+TF_LOSS_SCALE_EXPECTED_KERAS names another version than the Keras it
+imported (.ci/keras_releases.py sets it to the release asked for). A
+Keras that cannot import, or fit a model, on the installed TensorFlow
+without this library (a Keras too old or too new for it) is no platform:
+the script prints `SKIPPED: why` and exits 2 (which .ci/keras_releases.py
+accepts only where docs/testing.md lists that platform limit).
 
   fit            compile/fit under mixed_float16 with install() (which makes
                  its TF 2.4-2.15 class) against the same program without it
@@ -507,6 +510,12 @@ def main(names: List[str]) -> int:
     return 2
   print(f'Keras {keras.__version__} ({os.path.dirname(keras.__file__)}), '
         f'TensorFlow {tf.__version__}', flush=True)
+  expected = os.environ.get('TF_LOSS_SCALE_EXPECTED_KERAS')
+  if expected and keras.__version__ != expected:
+    # Another Keras earlier on the path: its results would stand for this.
+    print(f'FAILED version: imported Keras {keras.__version__}, not '
+          f'{expected} (TF_LOSS_SCALE_EXPECTED_KERAS)')
+    return 1
   failed = []
   for name in names or CHECKS:
     try:

@@ -3,9 +3,10 @@
 On Keras 3, `compat.install()` puts TF 2.4-2.15's class under
 `keras.mixed_precision.LossScaleOptimizer` and into what `compile` makes
 under `mixed_float16`. A program that calls none of TF 2.4-2.15's methods
-must get what Keras's class gives it. One fresh process runs each program
-before `install()` (Keras's class) and after (this library's), since
-`install()` changes process-wide names.
+must get what Keras's class gives it, and the files it wrote without
+`install()` (a `.keras` file, a `.weights.h5` file) load whole with it. One
+fresh process runs each program before `install()` (Keras's class) and
+after (this library's), since `install()` changes process-wide names.
 """
 
 import pytest
@@ -17,6 +18,8 @@ versions.KERAS_3.require()
 
 _PROGRAMS = r'''
 import json
+import os
+import tempfile
 import class_names
 import keras
 import numpy as np
@@ -61,12 +64,54 @@ def overflowing_fit():
           'iterations': int(opt.iterations.numpy())}
 
 
+def _model_state(model):
+  opt = model.optimizer
+  return {'class': class_names.defining_name(type(opt)),
+          'scale': float(opt.dynamic_scale.numpy()),
+          'counter': int(opt.step_counter.numpy()),
+          'weights': [w.tolist() for w in model.get_weights()],
+          'optimizer': [np.asarray(v.numpy()).tolist() for v in opt.variables]}
+
+
+def _compiled():
+  keras.utils.set_random_seed(1)
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2),
+                            keras.layers.Dense(1, dtype='float32')])
+  model.compile(keras.optimizers.Adam(0.01), loss='mse')
+  return model
+
+
+def files(directory, installed):
+  # Written without install() (Keras's class, made by `compile` under
+  # mixed_float16) through an overflow; read back with it in effect.
+  keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    keras_file = os.path.join(directory, 'model.keras')
+    weights_file = os.path.join(directory, 'model.weights.h5')
+    model = _compiled()
+    if not installed:
+      x = np.array([[3000.0, 0.0], [0.5, 0.25], [0.25, 1.0]], np.float32)
+      model.fit(x, np.ones((3, 1), np.float32), batch_size=1, shuffle=False,
+                verbose=0)
+      model.save(keras_file)
+      model.save_weights(weights_file)
+      return {'written': _model_state(model)}
+    loaded = keras.models.load_model(keras_file)
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(weights_file)
+    return {'keras': _model_state(loaded), 'weights.h5': _model_state(model)}
+  finally:
+    keras.mixed_precision.set_global_policy('float32')
+
+
 runs = {}
-for installed in (False, True):
-  if installed:
-    tf_loss_scale.compat.install()
-  runs[str(installed)] = {'caller_scaled': caller_scaled(),
-                          'overflowing_fit': overflowing_fit()}
+with tempfile.TemporaryDirectory() as directory:
+  for installed in (False, True):
+    if installed:
+      tf_loss_scale.compat.install()
+    runs[str(installed)] = {'caller_scaled': caller_scaled(),
+                            'overflowing_fit': overflowing_fit(),
+                            'files': files(directory, installed)}
 print(json.dumps(runs))
 '''
 
@@ -114,3 +159,22 @@ def test_fit_past_a_scale_of_one_trains_as_keras_class(runs):
     assert fit['kernel'] == pytest.approx(1e-3 - 4 * 0.098304, abs=1e-6)
   assert _without_class(ours['overflowing_fit']) == _without_class(
       keras_class['overflowing_fit'])
+
+
+_KERAS_CLASS = 'keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer'
+_INSTALLED_CLASS = ('tf_loss_scale.keras.mixed_precision.shared_name.'
+                    'LossScaleOptimizer')
+
+
+def test_files_written_without_install_load_whole_with_it(runs):
+  written = runs[0]['files']['written']
+  assert written['class'] == _KERAS_CLASS
+  # The scale and its counter, then Adam's: the overflow of the first step
+  # halved the scale, and two finite steps followed.
+  assert (written['scale'], written['counter']) == (2.0**14, 2), written
+  read = runs[1]['files']
+  # Both files hold the optimizer's variables too (Keras 3's `.weights.h5`
+  # saves the compiled model's optimizer): every value comes back, into the
+  # class install() puts under Keras's name.
+  for kind in ('keras', 'weights.h5'):
+    assert read[kind] == dict(written, **{'class': _INSTALLED_CLASS}), kind

@@ -495,3 +495,69 @@ def test_commands_use_a_console_script_only_from_this_environment(
                         'ckpt') == shlex.join(
                             [sys.executable, '-m', 'tf_loss_scale', 'inspect',
                              'ckpt'])
+
+
+def _demo_like_runs(steps=1000, growth_steps=100,
+                    skips=(0, 1, 3, 22, 598, 807, 987)):
+  """Runs shaped as the demo's: its skipped steps, its dynamic rule."""
+  from tf_loss_scale import step_record  # pylint: disable=g-import-not-at-top
+  scales, skipped, scale, good = [], [], 2.0**40, 0
+  for step in range(steps):
+    skip = step in skips
+    if skip:
+      scale, good = scale / 2, 0
+    elif good + 1 >= growth_steps:
+      scale, good = scale * 2, 0
+    else:
+      good += 1
+    scales.append(scale)
+    skipped.append(skip)
+  losses = list(np.linspace(2.3, 0.05, steps))
+  histogram = np.zeros(len(measure.LOG2_EDGES) - 1)
+  histogram[40:90] = np.arange(50)
+  report_ = step_record.SkipReport(
+      step=skips[-1], loss_scale=scales[skips[-1] - 1], nan=(),
+      inf=('dense/kernel',), cause='overflow')
+  return [
+      results_lib.RunResult('float32', losses, None, [False] * steps, None,
+                            None, 0.9, 1.0),
+      results_lib.RunResult(results_lib.RUN_NAMES[1], [2.3] * steps, None,
+                            [False] * steps, 0.5, histogram, 0.1, 1.0),
+      results_lib.RunResult(results_lib.RUN_NAMES[2], losses, scales, skipped,
+                            0.001, histogram, 0.9, 1.0,
+                            skip_report=report_)]
+
+
+def test_plot_notes_are_clear_of_every_legend():
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  from matplotlib import text as text_lib  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.demo import plot  # pylint: disable=g-import-not-at-top
+  figure = plot.make_figure(_demo_like_runs(), config_lib.DemoConfig())
+  try:
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    # The notes' text, not their arrows (which may cross a legend).
+    notes = {note.get_text(): text_lib.Text.get_window_extent(note, renderer)
+             for axes in figure.axes for note in axes.texts}
+    legends = [axes.get_legend().get_window_extent(renderer)
+               for axes in figure.axes if axes.get_legend() is not None]
+    assert ('last skip report: step 987, overflow (1 inf, 0 NaN gradients)'
+            in notes), sorted(notes)
+    assert len(legends) == 3
+    for label, box in notes.items():
+      assert figure.bbox.contains(box.x0, box.y0) and figure.bbox.contains(
+          box.x1, box.y1), f'{label!r} is outside the figure'
+      for legend in legends:
+        assert not box.overlaps(legend), f'{label!r} is under a legend'
+  finally:
+    pyplot.close(figure)
+
+
+def test_table_writes_scales_as_powers_of_two():
+  runs = _demo_like_runs()
+  table = report.format_table(runs, loss_window=10, probe_every=50)
+  scaled = table.splitlines()[4]
+  assert scaled.startswith(results_lib.RUN_NAMES[2]), table
+  # 2**40 halved 7 times, doubled 8 times (after 100 finite steps each).
+  assert runs[2].final_scale == 2.0**41
+  assert scaled.split()[-2] == '2**41', table

@@ -112,3 +112,38 @@ def test_readme_block_runs(block, env, tmp_path_factory):
   assert error is None, (
       f'Block at {block.id} (under "{block.heading}") failed '
       f'under {env}:\n{block.code}\n{error}')
+
+
+def test_readme_is_at_most_400_lines():
+  lines = _read('README.md').count('\n')
+  assert lines <= 400, (
+      f'README.md has {lines} lines: details belong in docs/, the README '
+      'keeps what a newcomer needs at a glance')
+
+
+_SPEED_MODES = {'TF1 graph': 'graph', '`tf.function`': 'function',
+                '`jit_compile=True`': 'jit',
+                'MirroredStrategy, 2 replicas': 'mirrored'}
+_SPEED_SHAPES = {'10 variables of 1M': '10x1M', '200 variables of 1k': '200x1k',
+                 'small CNN': 'cnn'}
+
+
+def test_readme_speed_table_is_the_last_full_benchmark_runs_ratios():
+  text = _read('README.md')
+  section = text[text.index('## Speed\n'):]
+  section = section[:section.index('\n## ', 1)]
+  rows = [[cell.strip() for cell in line.strip('|').split('|')]
+          for line in section.splitlines() if line.startswith('|')]
+  header, rows = rows[0], rows[2:]
+  shapes = [_SPEED_SHAPES[name] for name in header[2:]]
+  with open(os.path.join(_ROOT, 'benchmarks', 'results.json')) as f:
+    results = json.load(f)
+  # What benchmarks/run.py wrote without --quick: every mode and shape.
+  assert '--quick' not in results['command'], results['command']
+  ratios = {(row['mode'], row['shape']): row['ratio']
+            for row in results['rows']}
+  shown = {(_SPEED_MODES[row[0]], shape): float(cell)
+           for row in rows for shape, cell in zip(shapes, row[2:])}
+  assert shown == {key: round(ratio, 2) for key, ratio in ratios.items()}
+  assert f'TensorFlow {results["tensorflow"]}, Keras {results["keras"]}' in (
+      ' '.join(section.split()))

@@ -1,7 +1,7 @@
 """The demo's figure: loss per step, the loss scale, and gradient magnitudes."""
 
 import math
-from typing import List
+from typing import Any, List
 
 from tf_loss_scale.demo import config as config_lib
 from tf_loss_scale.demo import measure
@@ -26,6 +26,23 @@ def save_plot(runs: List[results_lib.RunResult], path: str,
     path: The PNG file to write.
     config: The settings the runs were made with (the API resolved).
   """
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  figure = make_figure(runs, config)
+  figure.savefig(path, dpi=100)
+  pyplot.close(figure)
+
+
+def make_figure(runs: List[results_lib.RunResult],
+                config: config_lib.DemoConfig) -> Any:
+  """The figure `save_plot` writes, drawn and laid out, not yet closed.
+
+  Args:
+    runs: As for `save_plot`.
+    config: As for `save_plot`.
+
+  Returns:
+    A `matplotlib.figure.Figure` (close it with `pyplot.close`).
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
@@ -40,8 +57,7 @@ def save_plot(runs: List[results_lib.RunResult], path: str,
   _draw_histogram(histogram_axes, runs[-1], config.probe_every)
   figure.suptitle(_title(config), fontsize=10)
   figure.tight_layout()
-  figure.savefig(path, dpi=100)
-  pyplot.close(figure)
+  return figure
 
 
 def _draw_losses(axes, runs):
@@ -65,12 +81,13 @@ def _draw_scales(axes, runs):
                  color='C3', zorder=3, label=f'skipped steps ({len(skipped)})')
     report = run.skip_report
     if report is not None and 0 <= report.step < len(run.scales):
+      # Above the axes, where no legend or curve can cover it.
       axes.annotate(
           f'last skip report: step {report.step}, {report.cause} '
           f'({len(report.inf)} inf, {len(report.nan)} NaN gradients)',
-          (report.step, run.scales[report.step]), xytext=(0.97, 0.06),
-          textcoords='axes fraction', ha='right', fontsize=8, color='C3',
-          arrowprops={'arrowstyle': '->', 'color': 'C3'})
+          (report.step, run.scales[report.step]), xytext=(0.99, 1.02),
+          textcoords='axes fraction', ha='right', va='bottom', fontsize=8,
+          color='C3', arrowprops={'arrowstyle': '->', 'color': 'C3'})
   axes.set_yscale('log', base=2)
   axes.set_xlabel('step')
   axes.set_ylabel('loss scale')

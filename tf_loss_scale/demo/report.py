@@ -77,7 +77,9 @@ def format_table(runs: List[results_lib.RunResult], loss_window: int,
         ('(reference)' if run.flushed_fraction is None else
          f'{100 * run.flushed_fraction:.2f}%'),
         str(run.skipped_steps),
-        '-' if run.final_scale is None else f'{run.final_scale:.0f}',
+        # As the plot's axis writes it: 2**41, not 2199023255552.
+        ('-' if run.final_scale is None else
+         config_lib.format_number(run.final_scale)),
         f'{run.wall_time:.1f}s',
     ))
   widths = [max(len(row[i]) for row in rows + [headers])
