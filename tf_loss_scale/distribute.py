@@ -362,7 +362,6 @@ def apply_on_every_replica_if(
   return tf.cond(should_apply, apply_side, skip_side)
 
 
-
 def _once_done(done: Any, value: bool) -> tf.Tensor:
   # `value`, ready only once `done` (an op or None) has run: in TF1's cond a
   # side's ops run only when what the side returns depends on them.
