@@ -164,3 +164,62 @@ def test_saver_files_interchange_with_tensorflow_1_15(case, tf221, tf115):
   _assert_values(tf115['ours read theirs'][case]['resumed'],
                  tf115['theirs read ours'][case]['resumed'],
                  f'{case}: resumed', _TOLERANCE)
+
+
+_MIRRORED = '''
+import json, sys
+import numpy as np
+import tensorflow as tf
+tf.compat.v1.disable_v2_behavior()
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices('CPU')[0],
+    [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_loss_scale
+
+found = {}
+for which in ('theirs', 'ours'):
+  with tf.Graph().as_default():
+    strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+    with strategy.scope():
+      w = tf.compat.v1.get_variable('w', initializer=[1.0, 2.0])
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      module = (tf_loss_scale if which == 'ours' else
+                tf.compat.v1.mixed_precision)
+      opt = module.MixedPrecisionLossScaleOptimizer(
+          tf.compat.v1.train.AdamOptimizer(0.1),
+          module.DynamicLossScale(8.0, 2))
+    x = tf.compat.v1.placeholder(tf.float32, [2])
+
+    def step():
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      loss = tf.reduce_sum(w * x * tf.cast(replica + 1, tf.float32))
+      return opt.minimize(loss, global_step=global_step)
+
+    train_op = strategy.experimental_local_results(strategy.run(step))[0]
+    variables = [w, global_step] + opt.variables()
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for x_value in [[1.0, 1.0], [np.inf, 1.0], [1.0, 2.0], [0.5, 1.0]]:
+        session.run(train_op, {x: x_value})
+      found[which] = {
+          'cond_context': [c.name for c in
+                           tf.compat.v1.get_collection('cond_context')],
+          'train_op': [o.name for o in tf.compat.v1.get_collection('train_op')],
+          'values': {v.op.name: np.asarray(session.run(v)).tolist()
+                     for v in variables}}
+print(json.dumps(found))
+'''
+
+
+@pytest.mark.slow
+def test_two_replicas_build_and_train_as_tensorflows_wrapper():
+  # The inner apply runs on every replica inside the apply's cond.
+  found = fresh_process.run_json(['-c', _MIRRORED])
+  ours, theirs = found['ours'], found['theirs']
+  assert ours['cond_context'] == theirs['cond_context'] == [
+      'cond/cond_text', 'cond/cond_text_1', 'cond_1/cond_text',
+      'cond_1/cond_text_1']
+  assert ours['train_op'] == theirs['train_op']
+  assert 'cond_1/beta1_power' in theirs['values']
+  _assert_values(ours['values'], theirs['values'], 'two replicas')
+  assert ours['values']['global_step'] == 3  # The inf step was skipped.
