@@ -3,12 +3,13 @@
 tests/legacy/launcher/ holds programs written for one TensorFlow each (the
 prefix says which: tf1_ TF 1.15, tf23_ TF 2.3, tf24_ TF 2.4-2.15), none of
 which runs on today's TensorFlow with `python PROGRAM.py`: TF 1.x's own
-namespace (imported inside `try:` too); TF 2's API on TF 1.15
-(`tensorflow.compat.v2`) with the graph rewrite; TF 2.3's graph rewrite
-around an SGD with `decay`; TF 1.15's Keras `decay`, by the applied steps;
-one Keras optimizer for two models (TF 1.15's in graph mode; TF 2.3's in a
-loop and `fit`, with `decay`); TF 2.3's Adam with a schedule that has no
-`get_config`; `import keras` for Keras 2; training in child processes.
+namespace (imported inside `try:` too); a TF 1.15 job resuming its own
+Saver file; TF 2's API on TF 1.15 (`tensorflow.compat.v2`) with the graph
+rewrite; TF 2.3's graph rewrite around an SGD with `decay`; TF 1.15's Keras
+`decay`, by the applied steps; one Keras optimizer for two models (TF
+1.15's in graph mode; TF 2.3's in a loop and `fit`, with `decay`); TF 2.3's
+Adam with a schedule that has no `get_config`; `import keras` for Keras 2;
+TF 1.15's `tf.contrib.mixed_precision`; training in child processes.
 Each runs here as users run it, `tf-loss-scale run PROGRAM.py ARGS` with
 nothing else said, and prints its loss scales, iterations (or global
 steps) and weights: they must be those its own TensorFlow gives, running
@@ -59,6 +60,16 @@ _RECORDED = {
     'tf1_namespace_session.py': {
         'loss_scale': _SCALES, 'global_step': [0, 1, 2, 2, 3, 4, 5, 6],
         'skipped': 2, 'w': _KERNELS, 'argv': _ARGS},
+    # TensorFlow 1.15.0: Adam's beta powers are made inside the wrapper's
+    # `cond`, and the resumed job's steps go on from the file's state.
+    'tf1_saver_resume.py': {
+        'loss_scale': [16384.0, 16384.0, 32768.0, 16384.0, 16384.0, 32768.0],
+        'global_step': [0, 1, 2, 2, 3, 4],
+        'w': [0.0, 0.09999999403953552, 0.1997617930173874,
+              0.1997617930173874, 0.29909971356391907, 0.39780521392822266],
+        'checkpoint': ['cond_1/beta1_power', 'cond_1/beta2_power',
+                       'current_loss_scale', 'global_step', 'good_steps', 'w',
+                       'w/Adam', 'w/Adam_1']},
     # TensorFlow 1.15.0: 5 steps of `fit` per model. Its `iterations`
     # counted the applied steps only: 2 skipped for the first model, 1 for
     # the second.

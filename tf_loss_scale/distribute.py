@@ -301,7 +301,9 @@ def apply_on_every_replica_if(
     should_apply: Union[bool, tf.Tensor],
     apply_fn: Callable[..., Any],
     args: Sequence[Any],
-    on_skip: Callable[[], Any] = tf.no_op) -> Union[bool, tf.Tensor]:
+    on_skip: Callable[[], Any] = tf.no_op,
+    cond: Optional[Callable[..., tf.Tensor]] = None
+) -> Union[bool, tf.Tensor]:
   """Applies a step on every replica, or skips it everywhere.
 
   Runs in the cross-replica context: `apply_fn(*args)` on each replica
@@ -315,6 +317,9 @@ def apply_on_every_replica_if(
   In a TF1 graph the two sides are gated by `execution.one_side_runs`,
   which costs one Switch where `tf.cond` would add one per gradient and per
   variable handle.
+  With `cond` (a function of `(pred, true_fn, false_fn)` as TF1's
+  `tf.compat.v1.cond`), a graph takes its side in that instead: each side
+  returns a bool tensor that is ready once the side has run.
   `should_apply` is a bool scalar tensor, the same on every replica, or
   the Python `True`. Returns whether the step was applied: eagerly `True`
   (when `should_apply` is) or a bool tensor; in a graph always a bool
@@ -340,6 +345,9 @@ def apply_on_every_replica_if(
     # `group` gives None when `apply_fn` returned nothing to group.
     with tf.control_dependencies([] if applied is None else [applied]):
       return tf.constant(True)
+  if cond is not None and not tf.executing_eagerly():
+    return cond(should_apply, lambda: _once_done(apply_everywhere(), True),
+                lambda: _once_done(on_skip(), False))
   if execution.in_tf1_graph():
     return execution.one_side_runs(should_apply, apply_everywhere, on_skip)
 
@@ -353,3 +361,9 @@ def apply_on_every_replica_if(
 
   return tf.cond(should_apply, apply_side, skip_side)
 
+
+def _once_done(done: Any, value: bool) -> tf.Tensor:
+  # `value`, ready only once `done` (an op or None) has run: in TF1's cond a
+  # side's ops run only when what the side returns depends on them.
+  with tf.control_dependencies([] if done is None else [done]):
+    return tf.constant(value)

@@ -133,11 +133,17 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
     # for per-replica values.
     name = name or self.get_name()
     inner_name = name + '-wrapped'
+    if _in_tf1_control_flow():
+      state = _StateInTF1Conds(self._loss_scale)
+      cond = state.take_side
+    else:
+      state, cond = step.LossScaleState(self._loss_scale), None
     op = step.apply_step(
-        [g for g, _ in grads_and_vars], step.LossScaleState(self._loss_scale),
+        [g for g, _ in grads_and_vars], state,
         lambda grads: self._optimizer.apply_gradients(
             list(zip(grads, variables)), global_step, name=inner_name),
-        names=step_record.gradient_names(variables), name=name).op
+        names=step_record.gradient_names(variables), name=name,
+        cond=cond).op
     record = loss_scale_lib.step_record_of(self._loss_scale)
     if record is not None and execution.in_tf1_graph():
       # So that `LossScaleHook` reads the skip count in the step's own run.
@@ -157,3 +163,60 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
   def variables(self) -> List[tf.Variable]:
     """Returns the wrapped optimizer's variables followed by the loss scale's."""
     return self._optimizer.variables() + list(self._loss_scale.variables)
+
+
+def _in_tf1_control_flow() -> bool:
+  """Whether a step is built in a TF1 graph with TF1's `cond` (no `If` op)."""
+  return (execution.in_tf1_graph() and
+          not tf.compat.v1.control_flow_v2_enabled())
+
+
+class _StateInTF1Conds(step.LossScaleState):
+  """A step's sides and new state in TF1 `cond`s, as TensorFlow's wrapper.
+
+  There, the loss scale's update is a `cond` on the verdict, made first,
+  then the inner optimizer's apply is built inside a second `cond`: the
+  apply's ops, the variables the inner optimizer makes there (Adam's
+  `cond_1/beta1_power`), the `train_op` collection's entry and the
+  `cond_context` entries carry those `cond` names, and a program's own
+  later `cond`s take the names that follow. The step is unchanged: its
+  side is taken in the second `cond` (`take_side`, the step's `cond`), and
+  the new state, still written once the side has run, in the first; its
+  true side writes the state of a finite step, its false side that of a
+  skipped one. A loss scale that decides in its own `update` makes its
+  own `cond`s before the step, as in TensorFlow's wrapper.
+  """
+
+  def __init__(self, loss_scale: loss_scale_lib.LossScale):
+    super().__init__(loss_scale)
+    self._update_scope = self._apply_scope = None
+
+  def take_side(self, verdict: tf.Tensor, if_true: Any, if_false: Any
+               ) -> tf.Tensor:
+    """The step's `cond`; called once, in the cross-replica context."""
+    if self.follows_the_rule:
+      # The update's name first, as TensorFlow's wrapper makes it first.
+      graph = tf.compat.v1.get_default_graph()
+      self._update_scope = graph.unique_name('cond') + '/'
+      self._apply_scope = graph.unique_name('cond') + '/'
+    return tf.compat.v1.cond(verdict, if_true, if_false,
+                             name=self._apply_scope)
+
+  def advance(self, verdict: step.Verdict, after: Any) -> Any:
+    advance = super().advance
+    if self._update_scope is None:
+      return advance(verdict, after)
+    advanced = tf.compat.v1.cond(verdict, lambda: advance(True, after),
+                                 lambda: advance(False, after),
+                                 name=self._update_scope)
+    # Made second, listed first, as TensorFlow's wrapper lists them (a cond
+    # inside another control flow construct is in no collection).
+    contexts = tf.compat.v1.get_collection_ref('cond_context')
+    updates = [c for c in contexts if c.name.startswith(self._update_scope)]
+    applies = [i for i, c in enumerate(contexts)
+               if c.name.startswith(self._apply_scope)]
+    if updates and applies:
+      rest = [c for c in contexts if c not in updates]
+      rest[applies[0]:applies[0]] = updates
+      contexts[:] = rest
+    return advanced

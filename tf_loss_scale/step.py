@@ -173,6 +173,11 @@ class LossScaleState(ScaleState):
         isinstance(loss_scale, loss_scale_lib.DynamicLossScale) and
         type(loss_scale).update is loss_scale_lib.DynamicLossScale.update)
 
+  @property
+  def follows_the_rule(self) -> bool:
+    """Whether the step moves the state (else the scale's `update` does)."""
+    return self._follows_the_rule
+
   def scale(self) -> tf.Tensor:
     return self._loss_scale()
 
@@ -214,7 +219,8 @@ def apply_step(grads: Sequence[Any],
                names: Optional[Sequence[str]] = None,
                name: Optional[str] = None,
                held_as: Optional[Sequence[Any]] = None,
-               decides_on_sums: bool = False) -> Outcome:
+               decides_on_sums: bool = False,
+               cond: Optional[Callable[..., tf.Tensor]] = None) -> Outcome:
   """Unscales, decides, applies or skips, and then moves the state.
 
   Call it in a replica context (inside `strategy.run`) or with no strategy.
@@ -245,6 +251,10 @@ def apply_step(grads: Sequence[Any],
     decides_on_sums: With `reduces`, whether the step still decides on the
       exact sums rather than on the bound (one more all-reduce, for the
       reading only).
+    cond: In a graph, None for the library's own gating of the two sides,
+      or a function like TF1's `tf.compat.v1.cond` that takes them instead
+      (the TF1 front end's, to build the graph TensorFlow's wrapper builds;
+      see `distribute.apply_on_every_replica_if`).
 
   Returns:
     The step's `Outcome`.
@@ -273,7 +283,8 @@ def apply_step(grads: Sequence[Any],
         return tf.no_op()
 
     applied = distribute.apply_on_every_replica_if(
-        strategy, decision.verdict, apply_fn, (grads,), on_skip=skip_side)
+        strategy, decision.verdict, apply_fn, (grads,), on_skip=skip_side,
+        cond=cond)
     # The new state is computed beside the side taken and written only once
     # that side has completed.
     advanced = state.advance(decision.verdict, after=graph_elements(applied))

@@ -388,8 +388,13 @@ def _add(increments: List[Tuple[tf.Variable, tf.Tensor]]) -> Any:
 def _read_or(variable: tf.Variable, uninitialized: Any) -> tf.Tensor:
   """The variable's value; in a TF1 graph, `uninitialized` until it has one."""
   if execution.in_tf1_graph():
-    return tf.cond(_is_initialized(variable), lambda: tf.identity(variable),
-                   lambda: tf.constant(uninitialized, variable.dtype))
+    # Gated, not a `tf.cond`: TF1's adds to the graph's `cond_context`
+    # collection and takes a `cond` name, which moves the names of the
+    # program's own later conds away from those TensorFlow's wrapper leaves.
+    return execution.computed_unless(
+        tf.logical_not(_is_initialized(variable)),
+        lambda: tf.identity(variable),
+        tf.constant(uninitialized, variable.dtype))
   return tf.identity(variable)
 
 
