@@ -230,7 +230,6 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       # Out of any tf.function, as tf_keras: one can't initialise mirrored ones.
       with tf.init_scope(), keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
-    guards.check_step(where, [self.dynamic_scale, self.step_counter])
     variables = list(trainable_variables or self._scratch.built_with)
     grads = list(grads)
     scaled = self._scaled_flags(grads, variables, method)
