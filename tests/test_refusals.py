@@ -57,3 +57,47 @@ def test_tf23_policy_set_before_the_strategy_trains_after_install(
   name = 'tf23_set_policy_then_mirrored_compile.py'
   _assert_as_tf23(name, _printed([_RUNNER, os.path.join(_LAUNCHER, name)],
                                  legacy_keras=legacy_keras))
+
+
+_REWRITE_RETRY = '''
+import json
+import tensorflow as tf
+import tf_keras
+from tf_loss_scale import graph_rewrite
+
+def retried(enable, opt):
+  """Refused under a mixed policy; the retry under float32 wraps `opt`."""
+  tf_keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    enable(opt)
+    refused = None
+  except ValueError as error:
+    refused = str(error).split(',')[0]
+  tf_keras.mixed_precision.set_global_policy('float32')
+  wrapped = enable(opt)
+  tf.compat.v1.mixed_precision.disable_mixed_precision_graph_rewrite()
+  inner = getattr(wrapped, '_optimizer', None) or wrapped.inner_optimizer
+  return [refused, inner is opt]
+
+v1 = tf.compat.v1.train.GradientDescentOptimizer
+print(json.dumps({
+    'theirs': retried(
+        tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite,
+        v1(0.1)),
+    'ours_v1': retried(graph_rewrite.enable_mixed_precision_graph_rewrite,
+                       v1(0.1)),
+    'ours_keras': retried(graph_rewrite.enable_mixed_precision_graph_rewrite,
+                          tf_keras.optimizers.legacy.SGD(0.1)),
+}))
+'''
+
+
+@versions.TF_KERAS_INSTALLED.mark
+def test_graph_rewrite_refused_under_a_mixed_policy_wraps_on_the_retry():
+  # A refused call changes nothing: the optimizer is not marked as held.
+  out = fresh_process.run_json(['-c', _REWRITE_RETRY])
+  assert out['theirs'][0].startswith(
+      'The mixed precision graph rewrite cannot be enabled'), out
+  assert out['theirs'][1]
+  assert out['ours_v1'] == out['theirs']
+  assert out['ours_keras'] == out['theirs']
