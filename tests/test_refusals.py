@@ -69,12 +69,13 @@ def retried(enable, opt):
   """Refused under a mixed policy; the retry under float32 wraps `opt`."""
   tf_keras.mixed_precision.set_global_policy('mixed_float16')
   try:
-    enable(opt)
-    refused = None
+    wrapped, refused = enable(opt), None
   except ValueError as error:
+    # Retried here, as programs do, while the error (and its traceback,
+    # which holds the refused call's frame) is alive.
     refused = str(error).split(',')[0]
-  tf_keras.mixed_precision.set_global_policy('float32')
-  wrapped = enable(opt)
+    tf_keras.mixed_precision.set_global_policy('float32')
+    wrapped = enable(opt)
   tf.compat.v1.mixed_precision.disable_mixed_precision_graph_rewrite()
   inner = getattr(wrapped, '_optimizer', None) or wrapped.inner_optimizer
   return [refused, inner is opt]
