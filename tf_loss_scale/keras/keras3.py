@@ -183,9 +183,24 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       loss: A loss tensor, or a zero-argument callable returning one.
 
     Returns:
-      The scaled loss (in its dtype), or a callable returning it.
+      The scaled loss, or a callable returning it; in Keras's dtype (see
+      `_keras_scale_loss`).
     """
-    return gradients.scale_loss(loss, self._current_scale())
+    return self._keras_scale_loss(loss)
+
+  def _keras_scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    """`scale_loss`, in the dtype Keras's class returns.
+
+    Keras multiplies by its float32 scale variable once built, which
+    promotes a float16 loss to float32, and by the Python number
+    `initial_scale` before, which keeps a float loss's dtype.
+    """
+    if callable(loss):
+      return lambda: self._keras_scale_loss(loss())
+    loss = tf.convert_to_tensor(loss)
+    dtype = keras.backend.result_type(loss.dtype.name,
+                                      'float32' if self.built else float)
+    return gradients.scale_loss(tf.cast(loss, dtype), self._current_scale())
 
   def _current_scale(self) -> tf.Tensor:
     # Keras's class makes its scale variable in `build`.

@@ -194,6 +194,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def _current_scale(self) -> tf.Tensor:
     return self._loss_scale()
 
+  def _keras_scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    # In the loss's dtype, as `get_scaled_loss`: no Keras class of TF 2.3's
+    # API had `scale_loss`.
+    return gradients.scale_loss(loss, self._current_scale())
+
   def _follows_tensorflow(self) -> bool:
     return True  # TF 2.3's constructor: `apply_gradients` takes unscaled.
 
