@@ -3,7 +3,9 @@
 Every rule is checked on the v1 wrapper, the Keras 3 form, and the
 experimental form around a Keras 3 and around a Keras 2 optimizer:
 
-- an optimizer is wrapped once: not by two of ours (without searching the
+- an optimizer is wrapped once (but by the Keras 3 form, which takes one
+  another wrapper holds, as Keras's class does): not by two of ours
+  (without searching the
   heap: the wrapper marks what it wraps), and a loss scale optimizer, ours
   or a peer's (Keras's, tf_keras's, TensorFlow's v1), is never wrapped;
 - CentralStorageStrategy, ParameterServerStrategy and TPUStrategy are
@@ -72,19 +74,32 @@ def _wrap(front_end, inner):
                  marks=[first.needs.mark, second.needs.mark])
     for first, second in (
         (front_ends.V1, front_ends.V1),
-        (front_ends.KERAS3, front_ends.KERAS3),
         (front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3),
-        (front_ends.EXPERIMENTAL_KERAS3, front_ends.KERAS3),
+        (front_ends.KERAS3, front_ends.KERAS_MIXED_PRECISION),
         (front_ends.EXPERIMENTAL_KERAS3, front_ends.EXPERIMENTAL_KERAS3),
         (front_ends.EXPERIMENTAL_KERAS2, front_ends.EXPERIMENTAL_KERAS2))
 ])
 def test_an_optimizer_one_of_ours_holds_is_refused(first, second):
+  # As TF 2.3's experimental class (a ValueError of its own), tf_keras's and
+  # TensorFlow's v1 wrapper refused it.
   inner = first.inner(0.1)
   holder = _wrap(first, inner)
   with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
       argument=_ARGUMENT[second.name])) as refused:
     _wrap(second, inner)
   assert type(holder).__name__ in str(refused.value)
+
+
+@pytest.mark.parametrize('first', front_ends.params(
+    front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3))
+def test_the_drop_in_wraps_an_optimizer_another_wrapper_holds_as_keras(first):
+  # Keras's class takes it: each wrapper trains the optimizer as it would
+  # alone.
+  inner = first.inner(0.1)
+  holder = _wrap(first, inner)
+  keras.optimizers.LossScaleOptimizer(inner)
+  assert _wrap(front_ends.KERAS3, inner).inner_optimizer is inner
+  assert holder.inner_optimizer is inner
 
 
 @pytest.mark.parametrize('front_end', front_ends.ALL)
@@ -95,7 +110,9 @@ def test_an_optimizer_whose_wrapper_was_dropped_can_be_wrapped_again(
   assert _wrap(front_end, inner).inner_optimizer is inner
 
 
-@pytest.mark.parametrize('front_end', front_ends.ALL)
+@pytest.mark.parametrize('front_end', front_ends.params(
+    front_ends.V1, front_ends.KERAS_MIXED_PRECISION,
+    front_ends.EXPERIMENTAL_KERAS3, front_ends.EXPERIMENTAL_KERAS2))
 def test_construction_does_not_search_the_heap(front_end, monkeypatch):
   def refuse(*args):
     raise AssertionError(f'the heap was searched: {args!r:.80}')
@@ -344,16 +361,16 @@ def test_a_dead_wrapper_in_a_reference_cycle_holds_until_collected():
   inner = keras.optimizers.SGD()
   gc.disable()
   try:
-    wrapper = tf_loss_scale.keras.LossScaleOptimizer(inner)
+    wrapper = tf_loss_scale.keras.mixed_precision.LossScaleOptimizer(inner)
     wrapper.itself = wrapper
     dead = weakref.ref(wrapper)
     del wrapper  # Unreachable, but not freed until the collector runs.
     with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
         argument='inner_optimizer')):
-      tf_loss_scale.keras.LossScaleOptimizer(inner)
+      tf_loss_scale.keras.mixed_precision.LossScaleOptimizer(inner)
     gc.collect()
     assert dead() is None
-    assert tf_loss_scale.keras.LossScaleOptimizer(
+    assert tf_loss_scale.keras.mixed_precision.LossScaleOptimizer(
         inner).inner_optimizer is inner
   finally:
     gc.enable()

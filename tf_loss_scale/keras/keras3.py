@@ -109,8 +109,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       TypeError: If `inner_optimizer` is not a Keras 3 optimizer, or a
         number is of the wrong type.
       ValueError: With Keras's messages for `dynamic=False`, a base
-        optimizer argument or an unknown one; for an out of range number, an
-        inner optimizer already wrapped; under an unsupported strategy.
+        optimizer argument or an unknown one; for an out of range number;
+        under an unsupported strategy.
     """
     guards.check_new_wrapper(inner_optimizer, self._FORM, self,
                              exclusive=self._wraps_exclusively())
@@ -136,8 +136,12 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   _FORM = guards.KERAS_FORM
 
   def _wraps_exclusively(self) -> bool:
-    """Whether an optimizer another wrapper holds is refused (`guards`)."""
-    return True
+    """Whether an optimizer another wrapper holds is refused (`guards`).
+
+    Not by this class: Keras's lets two wrappers hold one optimizer, and
+    each trains it as it would alone.
+    """
+    return False
 
   def _scale_floor(self) -> Optional[float]:
     """The lowest scale taken and kept (None: no floor, for a subclass)."""
