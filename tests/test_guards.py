@@ -3,8 +3,9 @@
 Every rule is checked on the v1 wrapper, the Keras 3 form, and the
 experimental form around a Keras 3 and around a Keras 2 optimizer:
 
-- an optimizer is wrapped once (but by the Keras 3 form, which takes one
-  another wrapper holds, as Keras's class does): not by two of ours
+- an optimizer is wrapped once (but by the Keras 3 form and the v1 wrapper,
+  which take one another wrapper holds, as their peers do): not by two of
+  ours
   (without searching the
   heap: the wrapper marks what it wraps), and a loss scale optimizer, ours
   or a peer's (Keras's, tf_keras's, TensorFlow's v1), is never wrapped;
@@ -73,15 +74,14 @@ def _wrap(front_end, inner):
     pytest.param(first, second, id=f'{first.name}-{second.name}',
                  marks=[first.needs.mark, second.needs.mark])
     for first, second in (
-        (front_ends.V1, front_ends.V1),
         (front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3),
         (front_ends.KERAS3, front_ends.KERAS_MIXED_PRECISION),
         (front_ends.EXPERIMENTAL_KERAS3, front_ends.EXPERIMENTAL_KERAS3),
         (front_ends.EXPERIMENTAL_KERAS2, front_ends.EXPERIMENTAL_KERAS2))
 ])
 def test_an_optimizer_one_of_ours_holds_is_refused(first, second):
-  # As TF 2.3's experimental class (a ValueError of its own), tf_keras's and
-  # TensorFlow's v1 wrapper refused it.
+  # As TF 2.3's experimental class (a ValueError of its own) and tf_keras's
+  # refused it.
   inner = first.inner(0.1)
   holder = _wrap(first, inner)
   with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
@@ -102,6 +102,16 @@ def test_the_drop_in_wraps_an_optimizer_another_wrapper_holds_as_keras(first):
   assert holder.inner_optimizer is inner
 
 
+def test_the_v1_wrapper_wraps_an_optimizer_another_wrapper_holds():
+  # As TensorFlow's v1 wrapper (TF 1.15 and 2.x) takes it.
+  inner = front_ends.V1.inner(0.1)
+  holder = _wrap(front_ends.V1, inner)
+  tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(inner,
+                                                                 'dynamic')
+  second = _wrap(front_ends.V1, inner)
+  assert second._optimizer is holder._optimizer is inner  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize('front_end', front_ends.ALL)
 def test_an_optimizer_whose_wrapper_was_dropped_can_be_wrapped_again(
     front_end):
@@ -111,8 +121,8 @@ def test_an_optimizer_whose_wrapper_was_dropped_can_be_wrapped_again(
 
 
 @pytest.mark.parametrize('front_end', front_ends.params(
-    front_ends.V1, front_ends.KERAS_MIXED_PRECISION,
-    front_ends.EXPERIMENTAL_KERAS3, front_ends.EXPERIMENTAL_KERAS2))
+    front_ends.KERAS_MIXED_PRECISION, front_ends.EXPERIMENTAL_KERAS3,
+    front_ends.EXPERIMENTAL_KERAS2))
 def test_construction_does_not_search_the_heap(front_end, monkeypatch):
   def refuse(*args):
     raise AssertionError(f'the heap was searched: {args!r:.80}')

@@ -44,11 +44,12 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
       loss_scale: A `LossScale`, a number (a fixed scale) or `'dynamic'`.
 
     Raises:
-      ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer`, is a loss
-        scale optimizer or is held by one; if `loss_scale` is None or not a
+      ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer` or is a
+        loss scale optimizer; if `loss_scale` is None or not a
         loss scale identifier; or under a strategy this library refuses.
     """
-    guards.check_new_wrapper(opt, guards.V1_FORM, self)
+    # TensorFlow's wrapper lets two wrappers hold one optimizer.
+    guards.check_new_wrapper(opt, guards.V1_FORM, self, exclusive=False)
     if loss_scale is None:
       raise ValueError(
           "loss_scale cannot be None: pass 'dynamic', a number or a LossScale.")
