@@ -1,7 +1,9 @@
-"""Wrong use of `MixedPrecisionLossScaleOptimizer` under a strategy.
+"""`MixedPrecisionLossScaleOptimizer` under a strategy, state made outside it.
 
-Each misuse is an error that says what to do, raised before any op of the
-step exists, so a refused step changes no variable, slot or loss scale.
+TensorFlow's wrapper trains with a loss scale made outside the strategy's
+scope: it reads and assigns the scale's variables in the cross-replica
+context, one value for every replica. Ours trains it with the same values,
+eagerly, in a `tf.function` and in a TF1 graph.
 """
 
 import numpy as np
@@ -10,10 +12,6 @@ import tensorflow as tf
 
 import tf_loss_scale
 
-_OUTSIDE_SCOPE = ('apply_gradients\\(\\): the variables .* were created '
-                  'outside the scope of the MirroredStrategy in use.*'
-                  'inside `with strategy.scope\\(\\):`')
-
 
 def _wrapped(loss_scale=None):
   return tf_loss_scale.MixedPrecisionLossScaleOptimizer(
@@ -21,53 +19,71 @@ def _wrapped(loss_scale=None):
       loss_scale or tf_loss_scale.DynamicLossScale(initial_loss_scale=8))
 
 
+def _tensorflows():
+  return tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+      tf.compat.v1.train.MomentumOptimizer(0.5, 0.9),
+      tf.compat.v1.mixed_precision.DynamicLossScale(initial_loss_scale=8))
+
+
+def _replica_step(optimizer, variable, loss=None):
+  grads_and_vars = optimizer.compute_gradients(
+      loss if loss is not None else lambda: tf.reduce_sum(variable * variable),
+      [variable])
+  return optimizer.apply_gradients(grads_and_vars)
+
+
 def _train_step(strategy, optimizer, variable, in_function):
-  def replica_step():
-    grads_and_vars = optimizer.compute_gradients(
-        lambda: tf.reduce_sum(variable * variable), [variable])
-    optimizer.apply_gradients(grads_and_vars)
-  run = lambda: strategy.run(replica_step)
+  def run():
+    strategy.run(_replica_step, args=(optimizer, variable))
   if in_function:
     tf.function(run)()
   else:
     run()
 
 
-def _state(optimizer, variable):
-  """Every value a step could change, as numpy."""
-  values = [variable] + optimizer.variables()
-  return [np.asarray(v.numpy()) for v in values]
+def _trained_outside_the_scope(make, strategy, in_function=False,
+                               graph=None):
+  """Two steps of a wrapper made outside the scope: the values after each."""
+  optimizer = make()
+  scale = optimizer._loss_scale  # pylint: disable=protected-access
+  with strategy.scope():
+    variable = tf.Variable([1.0, 2.0])
+  if graph is not None:
+    step = strategy.group(strategy.run(lambda: _replica_step(
+        optimizer, variable, tf.reduce_sum(variable * variable))))
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      return [session.run([step, variable, scale()])[1:] for _ in range(2)]
+  states = []
+  for _ in range(2):
+    _train_step(strategy, optimizer, variable, in_function)
+    states.append([variable.numpy(), scale().numpy()])
+  return states
 
 
-def _assert_unchanged(before, after):
-  assert len(before) == len(after), (before, after)
-  for index, (old, new) in enumerate(zip(before, after)):
-    np.testing.assert_array_equal(old, new, err_msg=f'value {index} changed')
+def _assert_same_trajectory(ours, theirs):
+  assert len(ours) == len(theirs) == 2
+  for (our_value, our_scale), (their_value, their_scale) in zip(ours, theirs):
+    np.testing.assert_array_equal(our_value, their_value)
+    assert our_scale == their_scale
+  assert not np.array_equal(ours[-1][0], [1.0, 2.0])
 
 
 @pytest.mark.parametrize('in_function', [False, True],
                          ids=['eager', 'tf_function'])
-def test_optimizer_created_outside_the_scope_is_refused_and_nothing_changes(
+def test_optimizer_created_outside_the_scope_trains_as_tensorflows(
     mirrored_strategy, in_function):
-  optimizer = _wrapped()
-  with mirrored_strategy.scope():
-    variable = tf.Variable([1.0, 2.0])
-  before = _state(optimizer, variable)
-  with pytest.raises(ValueError, match=_OUTSIDE_SCOPE) as error:
-    _train_step(mirrored_strategy, optimizer, variable, in_function)
-  assert "'current_loss_scale:0'" in str(error.value)
-  assert "'good_steps:0'" in str(error.value)
-  _assert_unchanged(before, _state(optimizer, variable))
+  _assert_same_trajectory(
+      _trained_outside_the_scope(_wrapped, mirrored_strategy, in_function),
+      _trained_outside_the_scope(_tensorflows, mirrored_strategy,
+                                 in_function))
 
 
-def test_loss_scale_created_outside_the_scope_is_refused_when_wrapped(
+def test_loss_scale_created_outside_the_scope_is_wrapped_in_it(
     mirrored_strategy):
   loss_scale = tf_loss_scale.DynamicLossScale(initial_loss_scale=8)
   with mirrored_strategy.scope():
-    with pytest.raises(ValueError, match=(
-        'MixedPrecisionLossScaleOptimizer\\(\\): the variables '
-        "\\['current_loss_scale:0', 'good_steps:0'\\] were created outside")):
-      _wrapped(loss_scale)
+    assert _wrapped(loss_scale).loss_scale is loss_scale
 
 
 def test_state_created_in_the_scope_trains(mirrored_strategy):
@@ -80,11 +96,12 @@ def test_state_created_in_the_scope_trains(mirrored_strategy):
   assert int(optimizer.loss_scale.good_steps.numpy()) == 1
 
 
-def test_tf1_graph_with_an_optimizer_from_outside_the_scope_is_refused(
+def test_tf1_graph_with_an_optimizer_from_outside_the_scope_trains_as_tensorflows(
     mirrored_strategy):
-  with tf.Graph().as_default():
-    optimizer = _wrapped()
-    with mirrored_strategy.scope():
-      variable = tf.Variable([1.0, 2.0])
-      with pytest.raises(ValueError, match=_OUTSIDE_SCOPE):
-        _train_step(mirrored_strategy, optimizer, variable, in_function=False)
+  runs = []
+  for make in (_wrapped, _tensorflows):
+    graph = tf.Graph()
+    with graph.as_default():
+      runs.append(_trained_outside_the_scope(make, mirrored_strategy,
+                                             graph=graph))
+  _assert_same_trajectory(*runs)

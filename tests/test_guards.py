@@ -3,13 +3,17 @@
 Every rule is checked on the v1 wrapper, the Keras 3 form, and the
 experimental form around a Keras 3 and around a Keras 2 optimizer:
 
-- an optimizer is wrapped once: not by two of ours (without searching the
+- an optimizer is wrapped once (but by the Keras 3 form and the v1 wrapper,
+  which take one another wrapper holds, as their peers do): not by two of
+  ours
+  (without searching the
   heap: the wrapper marks what it wraps), and a loss scale optimizer, ours
   or a peer's (Keras's, tf_keras's, TensorFlow's v1), is never wrapped;
 - CentralStorageStrategy, ParameterServerStrategy and TPUStrategy are
   refused before anything is built, at construction and at each step;
-- under a strategy, a loss scale or optimizer made outside its scope is
-  refused, at construction when the strategy is known, else at the step;
+- under a strategy, an inner optimizer made outside its scope is refused,
+  at construction when the strategy is known, else at the step; a loss
+  scale made outside it trains, as TensorFlow's did;
 - a wrong optimizer type names what each form takes.
 
 Messages start with the peer's words (tf_keras's for wrapping, TF 2.3's for
@@ -55,8 +59,8 @@ _TPU = ('^Loss scaling is not supported with TPUStrategy. Loss scaling is '
         "'mixed_bfloat16' policy")
 _OUTSIDE_SCOPE = ('the variables .* were created outside the scope of the '
                   'MirroredStrategy in use, so the replicas would not share '
-                  'them. Create the optimizer, its inner optimizer and its '
-                  'loss scale inside `with strategy.scope\\(\\):`')
+                  'them. Create the inner optimizer inside '
+                  '`with strategy.scope\\(\\):`')
 
 
 def _wrap(front_end, inner):
@@ -70,20 +74,42 @@ def _wrap(front_end, inner):
     pytest.param(first, second, id=f'{first.name}-{second.name}',
                  marks=[first.needs.mark, second.needs.mark])
     for first, second in (
-        (front_ends.V1, front_ends.V1),
-        (front_ends.KERAS3, front_ends.KERAS3),
         (front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3),
-        (front_ends.EXPERIMENTAL_KERAS3, front_ends.KERAS3),
+        (front_ends.KERAS3, front_ends.KERAS_MIXED_PRECISION),
         (front_ends.EXPERIMENTAL_KERAS3, front_ends.EXPERIMENTAL_KERAS3),
         (front_ends.EXPERIMENTAL_KERAS2, front_ends.EXPERIMENTAL_KERAS2))
 ])
 def test_an_optimizer_one_of_ours_holds_is_refused(first, second):
+  # As TF 2.3's experimental class (a ValueError of its own) and tf_keras's
+  # refused it.
   inner = first.inner(0.1)
   holder = _wrap(first, inner)
   with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
       argument=_ARGUMENT[second.name])) as refused:
     _wrap(second, inner)
   assert type(holder).__name__ in str(refused.value)
+
+
+@pytest.mark.parametrize('first', front_ends.params(
+    front_ends.KERAS3, front_ends.EXPERIMENTAL_KERAS3))
+def test_the_drop_in_wraps_an_optimizer_another_wrapper_holds_as_keras(first):
+  # Keras's class takes it: each wrapper trains the optimizer as it would
+  # alone.
+  inner = first.inner(0.1)
+  holder = _wrap(first, inner)
+  keras.optimizers.LossScaleOptimizer(inner)
+  assert _wrap(front_ends.KERAS3, inner).inner_optimizer is inner
+  assert holder.inner_optimizer is inner
+
+
+def test_the_v1_wrapper_wraps_an_optimizer_another_wrapper_holds():
+  # As TensorFlow's v1 wrapper (TF 1.15 and 2.x) takes it.
+  inner = front_ends.V1.inner(0.1)
+  holder = _wrap(front_ends.V1, inner)
+  tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(inner,
+                                                                 'dynamic')
+  second = _wrap(front_ends.V1, inner)
+  assert second._optimizer is holder._optimizer is inner  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize('front_end', front_ends.ALL)
@@ -94,7 +120,9 @@ def test_an_optimizer_whose_wrapper_was_dropped_can_be_wrapped_again(
   assert _wrap(front_end, inner).inner_optimizer is inner
 
 
-@pytest.mark.parametrize('front_end', front_ends.ALL)
+@pytest.mark.parametrize('front_end', front_ends.params(
+    front_ends.KERAS_MIXED_PRECISION, front_ends.EXPERIMENTAL_KERAS3,
+    front_ends.EXPERIMENTAL_KERAS2))
 def test_construction_does_not_search_the_heap(front_end, monkeypatch):
   def refuse(*args):
     raise AssertionError(f'the heap was searched: {args!r:.80}')
@@ -212,20 +240,52 @@ def test_central_storage_is_refused_at_the_step_before_anything_runs(
   assert var.numpy().tolist() == [0.0, 1.0]
 
 
+def _replica_step(front_end, opt, var, overflow):
+  """One step in `strategy.run`: [1, 1] per replica, inf on the second if
+  `overflow`."""
+  replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+  grad = tf.where(tf.logical_and(overflow, replica > 0),
+                  tf.constant([np.inf, 1.0]), tf.constant([1.0, 1.0]))
+  front_end.apply(opt, [grad], [var])
+
+
 @pytest.mark.parametrize('front_end', front_ends.params(
     front_ends.V1, front_ends.EXPERIMENTAL_KERAS3,
-    front_ends.EXPERIMENTAL_KERAS2))
-def test_a_loss_scale_made_outside_the_scope_is_refused_at_construction(
-    front_end, mirrored_strategy):
-  loss_scale = tf_loss_scale.DynamicLossScale()
-  with mirrored_strategy.scope():
-    inner = front_end.inner(0.1)
-    with pytest.raises(ValueError, match=_OUTSIDE_SCOPE) as refused:
+    front_ends.EXPERIMENTAL_KERAS2, on_replicas=True))
+@pytest.mark.parametrize('in_function', [False, True],
+                         ids=['eager', 'tf_function'])
+def test_a_loss_scale_made_outside_the_scope_trains_as_one_made_inside(
+    front_end, in_function, mirrored_strategy):
+  # As TensorFlow's loss scales trained there (TF 2.3's experimental
+  # wrapper and TensorFlow's v1 wrapper): its variables are read and
+  # assigned in the cross-replica context, one value for every replica.
+  def train(loss_scale):
+    with mirrored_strategy.scope():
+      inner = front_end.inner(1.0)
       if front_end is front_ends.V1:
-        tf_loss_scale.MixedPrecisionLossScaleOptimizer(inner, loss_scale)
+        opt = tf_loss_scale.MixedPrecisionLossScaleOptimizer(inner,
+                                                             loss_scale)
       else:
-        tf_loss_scale.keras.experimental.LossScaleOptimizer(inner, loss_scale)
-  assert "'current_loss_scale:0'" in str(refused.value)
+        opt = tf_loss_scale.keras.experimental.LossScaleOptimizer(
+            inner, loss_scale)
+      var = front_end.variable([1.0, 2.0], np.float32)
+    step = lambda overflow: mirrored_strategy.run(
+        _replica_step, args=(front_end, opt, var, overflow))
+    step = tf.function(step) if in_function else step
+    states = []
+    for overflow in (True, False, False):
+      step(tf.constant(overflow))
+      states.append((front_end.state(opt), var.numpy().tolist()))
+    return states
+
+  outside = train(tf_loss_scale.DynamicLossScale(8.0, 2))
+  with mirrored_strategy.scope():
+    inside = train(tf_loss_scale.DynamicLossScale(8.0, 2))
+  assert outside == inside
+  # Skipped (one replica overflowed), then [1, 1] per replica, summed.
+  assert [(s['scale'], s['good_steps']) for s, _ in outside] == [
+      (4.0, 0), (4.0, 1), (8.0, 0)]
+  assert [v for _, v in outside] == [[1.0, 2.0], [-1.0, 0.0], [-3.0, -2.0]]
 
 
 @pytest.mark.parametrize('front_end', front_ends.params(
@@ -238,9 +298,13 @@ def test_an_optimizer_made_outside_the_scope_is_refused_at_construction(
       _wrap(front_end, inner)
 
 
-@pytest.mark.parametrize('front_end', front_ends.ALL)
-def test_state_made_outside_the_scope_is_refused_at_the_step(
+@pytest.mark.parametrize('front_end', front_ends.params(
+    front_ends.KERAS3, front_ends.KERAS_MIXED_PRECISION,
+    front_ends.EXPERIMENTAL_KERAS3))
+def test_an_inner_optimizer_made_outside_the_scope_is_refused_at_the_step(
     front_end, mirrored_strategy):
+  # Keras 3's optimizers make their variables at once, and refuse such a
+  # step themselves ("Mixing different tf.distribute.Strategy objects").
   opt = _wrap(front_end, front_end.inner(1.0))
   with mirrored_strategy.scope():
     var = front_end.variable([1.0, 2.0], np.float32)
@@ -293,15 +357,12 @@ def test_check_step_names_the_variables_made_outside_the_scope(
 
 
 @versions.KERAS_3.mark
-def test_check_step_reads_the_variables_of_optimizers_and_loss_scales(
-    mirrored_strategy):
-  loss_scale = tf_loss_scale.DynamicLossScale()
+def test_check_step_reads_the_variables_of_optimizers(mirrored_strategy):
   keras_optimizer = keras.optimizers.SGD()
   with mirrored_strategy.scope():
     with pytest.raises(ValueError) as refused:
-      guards.check_step('step()', [loss_scale, keras_optimizer])
+      guards.check_step('step()', [keras_optimizer])
   names = re.search(r'\[(.*)\]', str(refused.value)).group(1)
-  assert "'current_loss_scale:0'" in names and "'good_steps:0'" in names
   assert 'iteration' in names
 
 
@@ -310,16 +371,16 @@ def test_a_dead_wrapper_in_a_reference_cycle_holds_until_collected():
   inner = keras.optimizers.SGD()
   gc.disable()
   try:
-    wrapper = tf_loss_scale.keras.LossScaleOptimizer(inner)
+    wrapper = tf_loss_scale.keras.mixed_precision.LossScaleOptimizer(inner)
     wrapper.itself = wrapper
     dead = weakref.ref(wrapper)
     del wrapper  # Unreachable, but not freed until the collector runs.
     with pytest.raises(ValueError, match=_WRAPPED_TWICE.format(
         argument='inner_optimizer')):
-      tf_loss_scale.keras.LossScaleOptimizer(inner)
+      tf_loss_scale.keras.mixed_precision.LossScaleOptimizer(inner)
     gc.collect()
     assert dead() is None
-    assert tf_loss_scale.keras.LossScaleOptimizer(
+    assert tf_loss_scale.keras.mixed_precision.LossScaleOptimizer(
         inner).inner_optimizer is inner
   finally:
     gc.enable()

@@ -287,6 +287,40 @@ def test_scale_loss_keeps_float16_and_before_build_uses_initial_scale():
   assert float(opt.scale_loss(tf.constant(2.0))) == 8.0
 
 
+def _scaled_losses(cls, built, loss_fn=False):
+  """`scale_loss` of 3 in each dtype, eagerly and traced (or, with `loss_fn`,
+  of a callable): (dtype, scaled dtype, value)."""
+  opt = cls(keras.optimizers.SGD(0.1))
+  if built:
+    opt.build([keras.Variable([1.0])])
+  traced = tf.function(opt.scale_loss)
+  out = []
+  for dtype in ('float16', 'bfloat16', 'float32', 'float64', 'int32'):
+    loss = tf.constant(3, dtype)
+    for scaled in ([opt.scale_loss(lambda: loss)()] if loss_fn else
+                   [opt.scale_loss(loss), traced(loss)]):
+      out.append((dtype, scaled.dtype.name, float(scaled)))
+  return out
+
+
+@pytest.mark.parametrize('built', [False, True], ids=['unbuilt', 'built'])
+def test_scale_loss_returns_what_keras_class_returns_dtype_included(built):
+  # Keras multiplies by its float32 variable once built (a float16 loss of
+  # 3 becomes float32 98304) and by the Python `initial_scale` before (the
+  # float16 product overflows to inf).
+  from tf_loss_scale.keras.mixed_precision import shared_name  # pylint: disable=g-import-not-at-top
+  keras_class = keras.optimizers.LossScaleOptimizer
+  theirs = _scaled_losses(keras_class, built)
+  assert theirs[0] == ('float16', 'float32' if built else 'float16',
+                       98304.0 if built else float('inf'))
+  for cls in (LossScaleOptimizer,
+              tf_loss_scale.keras.mixed_precision.LossScaleOptimizer,
+              shared_name.LossScaleOptimizer):
+    assert _scaled_losses(cls, built) == theirs, cls
+    # Keras's class takes no callable: a callable's are the tensor's.
+    assert _scaled_losses(cls, built, loss_fn=True) == theirs[0::2], cls
+
+
 def test_check_finite():
   opt = LossScaleOptimizer(keras.optimizers.SGD(0.1))
   assert bool(opt.check_finite([tf.constant([1.0]), None]))

@@ -115,6 +115,23 @@ _RECORDED = {
         'kernel': [0.0, 0.03720667585730553, 0.0658012256026268,
                    0.0658012256026268, 0.08285011351108551,
                    0.09778402745723724]},
+    # TensorFlow 2.3.4, the same bits every run: OpenNMT-tf's trainer, its
+    # loss scale made outside `strategy.scope()`, two replicas; the first
+    # two steps overflow at 2**15 and 2**14, the fourth on one replica.
+    'tf23_mirrored_outside_scope.py': {
+        'loss_scale': [16384.0, 8192.0, 8192.0, 4096.0, 4096.0, 4096.0],
+        'iterations': [1, 2, 3, 4, 5, 6],
+        'kernel': [[1.0, 1.0], [1.0, 1.0]] + [[k, k] for k in (
+            0.936118483543396, 0.936118483543396, 0.8630035519599915,
+            0.7819222211837769)]},
+    # TensorFlow 2.3.4: the policy's loss scale, made before the strategy,
+    # wrapped by `compile` in its scope; one step of `fit` per epoch.
+    'tf23_set_policy_then_mirrored_compile.py': {
+        'loss_scale': [16384.0] + [8192.0] * 5,
+        'iterations': [1, 2, 3, 4, 5, 6],
+        'kernel': [[1.0, 1.0], [1.0, 1.0]] + [[k, k] for k in (
+            0.8500000238418579, 0.72398442029953, 0.6181250810623169,
+            0.529218852519989)]},
     # TensorFlow 2.15.1 (Keras 2.15).
     'tf24_import_keras.py': {
         'loss_scale': _SCALES, 'iterations': list(range(1, 9)),

@@ -52,6 +52,11 @@ def enable_mixed_precision_graph_rewrite(
   tf.get_logger().addFilter(_not_deprecation_notice)
   try:
     _TF_ENABLE(tf.compat.v1.train.GradientDescentOptimizer(0.0), loss_scale=1)
+  except Exception:
+    # Refused (a mixed Keras 2 policy is set): a refused call changes
+    # nothing, so `opt` is free to be wrapped by a retry.
+    guards.release(opt)
+    raise
   finally:
     tf.get_logger().removeFilter(_not_deprecation_notice)
   return wrapped

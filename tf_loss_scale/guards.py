@@ -76,15 +76,13 @@ _FORM_FOR_FAMILY = (
 
 
 def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
-                      loss_scale: Any = None, exclusive: bool = True) -> None:
+                      exclusive: bool = True) -> None:
   """Refuses what no front end may wrap, and a strategy it cannot run under.
 
   Call it first in the constructor of `wrapper`, of front end `form`, about
   to wrap `optimizer`. If nothing is refused, marks `optimizer` as held.
 
   Args:
-    loss_scale: The loss scale the wrapper will drive, if it exists already
-      (an identifier or None is ignored).
     exclusive: Whether to refuse an optimizer that a live wrapper of ours
       holds (Keras 3's class lets two wrappers hold one).
 
@@ -106,7 +104,7 @@ def check_new_wrapper(optimizer: Any, form: Form, wrapper: Any,
         'optimizer can only be wrapped by a single LossScaleOptimizer: '
         f'a {type(holder).__name__} holds it. Keep using that wrapper, or '
         'create a new optimizer for this one.')
-  check_step(f'{form.name}()', [loss_scale, optimizer])
+  check_step(f'{form.name}()', [optimizer])
   setattr(optimizer, _HOLDER, weakref.ref(wrapper))
 
 
@@ -143,9 +141,15 @@ def check_step(where: str, state: Sequence[Any]) -> None:
 
   Call it when a step starts, before anything of the step is built.
 
+  A loss scale's variables may live outside the strategy's scope, as
+  TensorFlow's did wherever the program made them: the step reads and
+  assigns them in the cross-replica context only, so every replica sees one
+  value. An inner optimizer's may not (Keras 3's optimizers refuse them
+  too, when they first make a slot).
+
   Args:
     where: The call being checked, named in the messages.
-    state: Loss scales, optimizers and variables the step uses (anything
+    state: Optimizers and variables that every replica updates (anything
       else is ignored); their variables that exist so far are checked.
 
   Raises:
@@ -180,8 +184,8 @@ def check_step(where: str, state: Sequence[Any]) -> None:
     raise ValueError(
         f'{where}: the variables {outside} were created outside the scope of '
         f'the {name} in use, so the replicas would not share them. Create '
-        'the optimizer, its inner optimizer and its loss scale inside '
-        '`with strategy.scope():`, and do not use them before that.')
+        'the inner optimizer inside `with strategy.scope():`, and do not use '
+        'it before that.')
 
 
 def _loss_scale_optimizer_types() -> tuple:

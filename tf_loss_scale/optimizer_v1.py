@@ -44,12 +44,12 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
       loss_scale: A `LossScale`, a number (a fixed scale) or `'dynamic'`.
 
     Raises:
-      ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer`, is a loss
-        scale optimizer or is held by one; if `loss_scale` is None or not a
-        loss scale identifier; under a strategy this library refuses; or if
-        the loss scale was created outside the current strategy's scope.
+      ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer` or is a
+        loss scale optimizer; if `loss_scale` is None or not a
+        loss scale identifier; or under a strategy this library refuses.
     """
-    guards.check_new_wrapper(opt, guards.V1_FORM, self, loss_scale)
+    # TensorFlow's wrapper lets two wrappers hold one optimizer.
+    guards.check_new_wrapper(opt, guards.V1_FORM, self, exclusive=False)
     if loss_scale is None:
       raise ValueError(
           "loss_scale cannot be None: pass 'dynamic', a number or a LossScale.")
@@ -116,7 +116,7 @@ class MixedPrecisionLossScaleOptimizer(private_api.HidesForwardedSlots,
     """
     distribute.require_replica_context('apply_gradients()')
     guards.check_step(f'{type(self).__name__}.apply_gradients()',
-                      [self._loss_scale, self._optimizer])
+                      [self._optimizer])
     grads_and_vars = tuple(grads_and_vars)
     if isinstance(self._loss_scale, loss_scale_lib.FixedLossScale):
       # Nothing to decide or move: the inner optimizer's step is the whole

@@ -109,8 +109,8 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       TypeError: If `inner_optimizer` is not a Keras 3 optimizer, or a
         number is of the wrong type.
       ValueError: With Keras's messages for `dynamic=False`, a base
-        optimizer argument or an unknown one; for an out of range number, an
-        inner optimizer already wrapped; under an unsupported strategy.
+        optimizer argument or an unknown one; for an out of range number;
+        under an unsupported strategy.
     """
     guards.check_new_wrapper(inner_optimizer, self._FORM, self,
                              exclusive=self._wraps_exclusively())
@@ -136,8 +136,12 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
   _FORM = guards.KERAS_FORM
 
   def _wraps_exclusively(self) -> bool:
-    """Whether an optimizer another wrapper holds is refused (`guards`)."""
-    return True
+    """Whether an optimizer another wrapper holds is refused (`guards`).
+
+    Not by this class: Keras's lets two wrappers hold one optimizer, and
+    each trains it as it would alone.
+    """
+    return False
 
   def _scale_floor(self) -> Optional[float]:
     """The lowest scale taken and kept (None: no floor, for a subclass)."""
@@ -183,9 +187,24 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       loss: A loss tensor, or a zero-argument callable returning one.
 
     Returns:
-      The scaled loss (in its dtype), or a callable returning it.
+      The scaled loss, or a callable returning it; in Keras's dtype (see
+      `_keras_scale_loss`).
     """
-    return gradients.scale_loss(loss, self._current_scale())
+    return self._keras_scale_loss(loss)
+
+  def _keras_scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    """`scale_loss`, in the dtype Keras's class returns.
+
+    Keras multiplies by its float32 scale variable once built, which
+    promotes a float16 loss to float32, and by the Python number
+    `initial_scale` before, which keeps a float loss's dtype.
+    """
+    if callable(loss):
+      return lambda: self._keras_scale_loss(loss())
+    loss = tf.convert_to_tensor(loss)
+    dtype = keras.backend.result_type(loss.dtype.name,
+                                      'float32' if self.built else float)
+    return gradients.scale_loss(tf.cast(loss, dtype), self._current_scale())
 
   def _current_scale(self) -> tf.Tensor:
     # Keras's class makes its scale variable in `build`.
@@ -230,7 +249,6 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
       # Out of any tf.function, as tf_keras: one can't initialise mirrored ones.
       with tf.init_scope(), keras.name_scope(self.name, caller=self):
         self.build(trainable_variables)
-    guards.check_step(where, [self.dynamic_scale, self.step_counter])
     variables = list(trainable_variables or self._scratch.built_with)
     grads = list(grads)
     scaled = self._scaled_flags(grads, variables, method)

@@ -130,8 +130,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       ValueError: If `optimizer` is already wrapped, `loss_scale` is none of
         the above, or under an unsupported strategy.
     """
-    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, self,
-                             loss_scale)
+    guards.check_new_wrapper(optimizer, guards.EXPERIMENTAL_FORM, self)
     self._check_inner_optimizer(optimizer)
     scale = loss_scale_from(loss_scale)
     # The wrapper's only state; set past Keras's attribute tracking, which
@@ -198,6 +197,11 @@ class LossScaleOptimizer(protocols.TwoProtocols,
 
   def _current_scale(self) -> tf.Tensor:
     return self._loss_scale()
+
+  def _keras_scale_loss(self, loss: gradients.Loss) -> gradients.Loss:
+    # In the loss's dtype, as `get_scaled_loss`: no Keras class of TF 2.3's
+    # API had `scale_loss`.
+    return gradients.scale_loss(loss, self._current_scale())
 
   def _follows_tensorflow(self) -> bool:
     return True  # TF 2.3's constructor: `apply_gradients` takes unscaled.
@@ -273,7 +277,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     a cross-replica context or under an unsupported strategy.
     """
     where = f'{_NAME}.apply_gradients()'
-    guards.check_step(where, [self._loss_scale, self.inner_optimizer])
+    guards.check_step(where, [self.inner_optimizer])
     self._check_family_runs_here(where)
     distribute.require_replica_context(where)
     outcome = step.apply_step(

@@ -46,3 +46,14 @@ class LossScaleOptimizer(mixed_precision.LossScaleOptimizer,
   __module__ = 'keras.optimizers'
   # Keras's class to Keras 3 programs (`mixed_precision`'s docstring).
   _KERAS_CLASS_UNTIL_TF24_CALL = True
+
+  def __reduce__(self) -> Any:
+    """Pickles as Keras's class does, and names Keras's class, as files do.
+
+    Keras pickles an optimizer as its `.keras` file and a loader of its
+    class; the loader named here is Keras's class's, so a pickle loads
+    where this library is not installed, and into this class under
+    `install()` (the file's name maps to it there).
+    """
+    loader, args = super().__reduce__()
+    return getattr(keras.optimizers.LossScaleOptimizer, loader.__name__), args

@@ -59,7 +59,8 @@ class TwoProtocols:
   """Keras 3's and TensorFlow's protocols on one optimizer (module rule).
 
   A subclass gives `_current_scale()` (the loss scale now, a float32
-  scalar tensor) and `_follows_tensorflow()` (module rule), and, once per
+  scalar tensor), `_keras_scale_loss(loss)` (Keras 3's `scale_loss`, in its
+  peer's dtype) and `_follows_tensorflow()` (module rule), and, once per
   apply, passes `_scaled_flags(grads, variables, ...)` to
   `step.apply_step` as `scaled`.
   """
@@ -92,7 +93,7 @@ class TwoProtocols:
     `apply_gradients` then takes gradients of the scaled loss.
     """
     self._called('scale_loss')
-    return gradients.scale_loss(loss, self._current_scale())
+    return self._keras_scale_loss(loss)
 
   def get_scaled_loss(self, loss: gradients.Loss) -> gradients.Loss:
     """Multiplies a loss (tensor or callable) by the current loss scale."""
