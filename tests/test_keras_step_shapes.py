@@ -5,11 +5,14 @@ The class `compat.install()` puts under Keras's `LossScaleOptimizer` name
 and TF 2.4-2.15 programs as tf_keras's. Which gradients its
 `apply_gradients` takes is fixed by the methods the program calls, so it
 must come out the same however the step runs: eagerly, in a `tf.function`
-around all of it or around the gradients only, with `jit_compile`, on two
-replicas of a MirroredStrategy (in one `strategy.run`, or split in two),
-and with two applies after one `scale_loss`. Each shape is run on ours and
-on the peer with the same losses; every step's weights, scale and count
-are compared.
+around all of it, around the gradients only, around the apply only, or
+around each, with `jit_compile`, on two replicas of a MirroredStrategy (in
+one `strategy.run`, or split in two), and with two applies after one
+`scale_loss`. The Keras 3 form, TF 2.4-2.15's and the experimental forms
+run the same shapes. Each runs with the optimizer built first and built by
+its first step: a scale a trace reads must be a variable even then. Each
+shape is run on ours and on the peer with the same losses; every step's
+weights, scale and count are compared.
 """
 
 from typing import Any, Callable, NamedTuple, Optional
