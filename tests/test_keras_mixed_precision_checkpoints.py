@@ -678,8 +678,7 @@ def _resumes():
   (`test_the_keras_3_form_fails_on_tf_keras_s_file_as_keras_class`).
   """
   fast = {('tf_keras_class', 'under_keras_name', False),
-          ('keras_class', 'keras3_form', False),
-          ('ours', 'tf24_class', False)}
+          ('keras_class', 'keras3_form', False)}
   for writer, (_, _, writer_loop) in _WRITERS.items():
     for reader, (reader_class, reader_loop) in _READERS.items():
       if reader_loop == 'keras3' and writer_loop == 'tf24':

@@ -228,9 +228,13 @@ _PROGRAMS = {
         versions.KERAS_2),
 }
 # The fast tier: the loops of the class under Keras's name in every shape
-# (built, as after `fit`), and every front end unbuilt in each split; the
-# rest of the product in the full tier.
+# (built, as after `fit`), and a few unbuilt splits where a trace reads
+# the scale before any build; the rest of the product in the full tier.
 _FAST_PROGRAMS = ('keras_3_loop', 'tf24_loop')
+_FAST_UNBUILT = {('keras_3_loop', 'function_gradients'),
+                 ('tf24_loop', 'function_gradients'),
+                 ('tf24_loop', 'two_functions'),
+                 ('keras3_form', 'function_gradients')}
 
 
 def _cases():
@@ -240,7 +244,7 @@ def _cases():
       shape_marks = [] if isinstance(shape, str) else list(shape.marks)
       for built in (True, False):
         fast = (program in _FAST_PROGRAMS and built) or (
-            not built and shape_id in _SPLITS)
+            not built and (program, shape_id) in _FAST_UNBUILT)
         marks = shape_marks + [spec.needs.mark] + (
             [] if fast else [pytest.mark.slow])
         yield pytest.param(program, shape_id, built, marks=marks,
