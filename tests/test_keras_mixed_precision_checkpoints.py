@@ -27,6 +27,7 @@ versions.TF_KERAS_INSTALLED.require()
 
 # pylint: disable=g-import-not-at-top,wrong-import-order
 import tf_keras
+from tf_loss_scale.keras import keras3 as keras3_form
 from tf_loss_scale.keras import mixed_precision
 from tf_loss_scale.keras.mixed_precision import shared_name
 # pylint: enable=g-import-not-at-top,wrong-import-order
@@ -590,3 +591,159 @@ def test_tf_keras_lion_and_a_schedule_restore_whole(kind, tmp_path):
     assert np.any(b)
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(_value(weights[0]), _value(source_weights[0]))
+
+
+# The resume idiom, for every Keras 3 form: what wrote the file, what reads
+# it, and the loop each trains with (the scaling calls of its generation).
+_WRITERS = {
+    'tf_keras_class': ('tf_keras', lambda inner: (
+        tf_keras.mixed_precision.LossScaleOptimizer(inner, **_SCALE)), 'tf24'),
+    'keras_class': ('keras', lambda inner: (
+        keras.optimizers.LossScaleOptimizer(inner, **_SCALE)), 'keras3'),
+    'ours': ('keras', lambda inner: (
+        mixed_precision.LossScaleOptimizer(inner, **_SCALE)), 'tf24'),
+}
+_READERS = {
+    'tf24_class': (mixed_precision.LossScaleOptimizer, 'tf24'),
+    # As under `install()`: a TF 2.4-2.15 program and a Keras 3 one.
+    'under_keras_name': (shared_name.LossScaleOptimizer, 'tf24'),
+    'under_keras_name_keras3_loop': (shared_name.LossScaleOptimizer,
+                                     'keras3'),
+    'keras3_form': (keras3_form.LossScaleOptimizer, 'keras3'),
+}
+
+
+class _Resume:
+  """A model and a wrapped Adam trained in a `tf.function` step, as programs
+  resume: the model made, the optimizer made and not built (unless asked),
+  the checkpoint read, then training, whose first step builds it."""
+
+  def __init__(self, family, make_wrapper, loop, start=None):
+    self.k = tf_keras if family == 'tf_keras' else keras
+    self.model = self.k.Sequential([self.k.layers.Dense(3, activation='relu'),
+                                    self.k.layers.Dense(2)])
+    self.model(_X)
+    for variable, name in zip(self.model.trainable_variables, _NAMES):
+      variable.assign((_WEIGHTS if start is None else start)[name])
+    self.optimizer = make_wrapper(self.k.optimizers.Adam(0.01))
+    self.loop = loop
+    self.step = tf.function(self._step)
+
+  def _step(self, factor):
+    variables = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(self.model(_X)) * factor
+      if self.loop == 'tf24':
+        loss = self.optimizer.get_scaled_loss(loss)
+      else:
+        loss = self.optimizer.scale_loss(loss)
+    grads = tape.gradient(loss, variables)
+    if self.loop == 'tf24':
+      grads = self.optimizer.get_unscaled_gradients(grads)
+    self.optimizer.apply_gradients(zip(grads, variables))
+
+  def checkpoint(self):
+    return tf.train.Checkpoint(weights=self.model.trainable_variables,
+                               optimizer=self.optimizer)
+
+  def state(self):
+    """Weights, Adam's moments of each weight, step count and scale."""
+    opt = self.optimizer
+    inner = opt.inner_optimizer
+    state = {name: _value(v) for name, v in zip(
+        _NAMES, self.model.trainable_variables)}
+    for slots in ('_momentums', '_velocities'):
+      for name, variable in zip(_NAMES, self.model.trainable_variables):
+        if self.k is tf_keras:
+          index = inner._index_dict[inner._var_key(variable)]  # pylint: disable=protected-access
+        else:
+          index = inner._get_variable_index(variable)  # pylint: disable=protected-access
+        state[f'{slots}[{name}]'] = _value(getattr(inner, slots)[index])
+    state['iterations'] = int(_value(inner.iterations))
+    if self.k is tf_keras:
+      scale, counter = opt.loss_scale, opt.dynamic_counter
+    else:
+      scale, counter = opt.dynamic_scale, opt.step_counter
+    state['loss_scale'] = float(_value(scale))
+    state['good_steps'] = int(_value(counter))
+    return state
+
+
+def _resumes():
+  """(writer, reader, built) of every resume, the fast tier's a few.
+
+  Not here: a reader of Keras 3's loop resuming a file of TensorFlow's,
+  whose step count counted skipped steps (Keras's protocol counts applied
+  ones, as Keras's class), and the Keras 3 form reading tf_keras's file
+  (`test_the_keras_3_form_fails_on_tf_keras_s_file_as_keras_class`).
+  """
+  fast = {('tf_keras_class', 'under_keras_name', False),
+          ('keras_class', 'keras3_form', False)}
+  for writer, (_, _, writer_loop) in _WRITERS.items():
+    for reader, (reader_class, reader_loop) in _READERS.items():
+      if reader_loop == 'keras3' and writer_loop == 'tf24':
+        continue
+      if (writer == 'tf_keras_class' and
+          reader_class is keras3_form.LossScaleOptimizer):
+        continue
+      for built in (False, True):
+        yield pytest.param(
+            writer, reader, built,
+            marks=() if (writer, reader, built) in fast else pytest.mark.slow,
+            id=f'{writer}-{reader}-{"built" if built else "unbuilt"}')
+
+
+@pytest.mark.parametrize('writer,reader,built', list(_resumes()))
+def test_a_resume_ends_where_the_writers_own_run_goes_on(writer, reader,
+                                                         built, tmp_path):
+  # The writer trains 5 steps (one skipped) and saves. The reader reads
+  # that file into a fresh model and optimizer, unbuilt (the first step of
+  # its training builds it) or built; one of TF 2.4-2.15's loop holds the
+  # file's scale, counter and step count at once, as tf_keras's class. Each
+  # trains 2 more steps in its own loop: the scale, its counter, Adam's
+  # moments and step count, and the weights are where the writer's own 2
+  # more steps take it.
+  reader_class, reader_loop = _READERS[reader]
+  family, make_writer, writer_loop = _WRITERS[writer]
+  source = _Resume(family, make_writer, writer_loop)
+  for factor in _FACTORS:
+    source.step(tf.constant(factor))
+  path = source.checkpoint().write(str(tmp_path / 'checkpoint'))
+  saved = source.state()
+  assert (saved['loss_scale'], saved['good_steps']) == (1024.0, 1)
+
+  target = _Resume('keras', lambda inner: reader_class(
+      inner, initial_scale=8.0, dynamic_growth_steps=2), reader_loop,
+                   start=_zeros())
+  if built:
+    target.optimizer.build(target.model.trainable_variables)
+  target.checkpoint().read(path).assert_existing_objects_matched()
+  if reader_loop == 'tf24':
+    # As under tf_keras's class, before the first step.
+    opt = target.optimizer
+    assert (float(_value(opt.loss_scale)), int(_value(opt.dynamic_counter)),
+            int(_value(opt.iterations))) == (
+                1024.0, 1, saved['iterations'])
+  for factor in (1.0, 0.5):
+    source.step(tf.constant(factor))
+    target.step(tf.constant(factor))
+  _assert_same_state(target.state(), source.state())
+
+
+def test_the_keras_3_form_fails_on_tf_keras_s_file_as_keras_class(tmp_path):
+  # Keras's class cannot read tf_keras's layout: the first step, which
+  # builds it, raises on the file's float where its counter is an integer.
+  # The drop-in fails there with it, not silently.
+  family, make_writer, writer_loop = _WRITERS['tf_keras_class']
+  source = _Resume(family, make_writer, writer_loop)
+  for factor in _FACTORS:
+    source.step(tf.constant(factor))
+  path = source.checkpoint().write(str(tmp_path / 'checkpoint'))
+  for reader_class in (keras.optimizers.LossScaleOptimizer,
+                       keras3_form.LossScaleOptimizer):
+    target = _Resume('keras', lambda inner, cls=reader_class: cls(inner),
+                     'keras3', start=_zeros())
+    target.checkpoint().read(path).expect_partial()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match='optimizer/_variables/2'):
+      target.step(tf.constant(1.0))

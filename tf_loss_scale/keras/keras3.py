@@ -207,9 +207,45 @@ class LossScaleOptimizer(private_api.SavedModelOnlyChildren,
     return gradients.scale_loss(tf.cast(loss, dtype), self._current_scale())
 
   def _current_scale(self) -> tf.Tensor:
-    # Keras's class makes its scale variable in `build`.
-    return tf.convert_to_tensor(
-        getattr(self, 'dynamic_scale', self.initial_scale), tf.float32)
+    # Keras's class makes its scale variable in `build` and reads
+    # `initial_scale` before: a `tf.function` traced then would keep that
+    # number for good, whatever the later steps make of the scale.
+    self._make_scale_variables()
+    return tf.convert_to_tensor(self.dynamic_scale)
+
+  def _make_scale_variables(self) -> None:
+    """Makes Keras's two variables of the scale now, if `build` has not.
+
+    `add_variable` hands them to Keras's `build` when it asks for them,
+    which keeps Keras's order of `variables`. Made out of any `tf.function`
+    (a trace that asks reads them as variables), under the name scope
+    `build` gives them.
+    """
+    if hasattr(self, 'dynamic_scale'):
+      return
+    # With the aggregation Keras's class asks for on this release.
+    aggregation = ({'aggregation': 'none'} if
+                   keras3_support.VARIABLES_TAKE_AGGREGATION_NONE else {})
+    with tf.init_scope(), keras.name_scope(self.name, caller=self):
+      made = {
+          'step_counter': super().add_variable(
+              shape=(), dtype='int', initializer='zeros',
+              name='step_counter', **aggregation),
+          'dynamic_scale': super().add_variable(
+              shape=(), dtype='float32',
+              initializer=keras.initializers.Constant(self.initial_scale),
+              name='dynamic_scale', **aggregation),
+      }
+    object.__setattr__(self, '_made_before_build', dict(made))
+    for name, variable in made.items():
+      setattr(self, name, variable)  # Tracked: Keras's checkpoint names.
+
+  def add_variable(self, *args: Any, **kwargs: Any) -> Any:
+    """As Keras's, but returns a variable made before `build` asked for it."""
+    made = self.__dict__.get('_made_before_build', {})
+    if kwargs.get('name') in made:
+      return made.pop(kwargs['name'])
+    return super().add_variable(*args, **kwargs)
 
   def apply(self, grads: Sequence[Any],
             trainable_variables: Optional[Sequence[Any]] = None) -> None:

@@ -226,36 +226,14 @@ class LossScaleOptimizer(protocols.TwoProtocols,
       object.__setattr__(self, '_own_settings', False)
 
   def _make_scale_variables(self) -> None:
-    """Makes Keras's two variables of the scale now, not in `build`.
+    """Makes Keras's two variables of the scale now, as the Keras 3 form.
 
-    As tf_keras's class did, so that a checkpoint restores them before the
-    first step; `add_variable` hands them to Keras's `build`, which keeps
-    Keras's order of `variables`.
+    tf_keras's class has them from its construction, so that a checkpoint
+    restores them before the first step; they also stand for tf_keras's
+    `loss_scale` node.
     """
-    # With the aggregation Keras's class asks for on this release.
-    aggregation = ({'aggregation': 'none'} if
-                   keras3_support.VARIABLES_TAKE_AGGREGATION_NONE else {})
-    with tf.init_scope(), keras.name_scope(self.name, caller=self):
-      made = {
-          'step_counter': super().add_variable(
-              shape=(), dtype='int', initializer='zeros',
-              name='step_counter', **aggregation),
-          'dynamic_scale': super().add_variable(
-              shape=(), dtype='float32',
-              initializer=keras.initializers.Constant(self.initial_scale),
-              name='dynamic_scale', **aggregation),
-      }
-    for name, variable in made.items():
-      setattr(self, name, variable)  # Tracked: Keras's checkpoint names.
-    object.__setattr__(self, '_made_before_build', made)
+    super()._make_scale_variables()
     self._read_tf_keras_scale_into()
-
-  def add_variable(self, *args: Any, **kwargs: Any) -> Any:
-    """As Keras's, but returns a variable made before `build` asked for it."""
-    made = self.__dict__.get('_made_before_build', {})
-    if kwargs.get('name') in made:
-      return made.pop(kwargs['name'])
-    return super().add_variable(*args, **kwargs)
 
   def build(self, var_list: Any) -> None:
     """Creates the variables, as `tf_loss_scale.keras.LossScaleOptimizer`."""
@@ -272,8 +250,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """
     weights = list(weights)
     if (not self.built and self._dynamic and
-        len(weights) > len(self.variables) and
-        not hasattr(self, 'step_counter')):
+        len(weights) > len(self.variables)):
       self._make_scale_variables()
     super().set_weights(weights)
 
@@ -294,6 +271,9 @@ class LossScaleOptimizer(protocols.TwoProtocols,
   def _follow_tf_keras(self) -> None:
     """TF 2.4-2.15's behaviour from now on (module docstring)."""
     object.__setattr__(self, '_tf_keras_call', True)
+    # As tf_keras's class, whose scale is a variable from construction: a
+    # restore under way finds them, a trace under way reads them.
+    self._make_scale_variables()
 
   def _wraps_exclusively(self) -> bool:
     # Keras's class lets two wrappers hold one optimizer; tf_keras's did not.
@@ -355,8 +335,7 @@ class LossScaleOptimizer(protocols.TwoProtocols,
     """Finite steps since the scale last changed; None if fixed."""
     if not self._dynamic:
       return None
-    if not hasattr(self, 'step_counter'):
-      self._make_scale_variables()  # tf_keras's has it from construction.
+    self._make_scale_variables()  # tf_keras's has it from construction.
     return keras3_support.tf_variable(self.step_counter)
 
   def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]],
