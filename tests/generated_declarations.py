@@ -114,8 +114,8 @@ def _split_unbuilt(program: Program, _: Trace) -> Optional[int]:
 
 
 def _restore_into_unbuilt(program: Program, _: Trace) -> Optional[int]:
-  if (_keras(program) and program.restore_after is not None and
-      not program.restore_built):
+  if (_keras(program) and program.ours == 'installed' and
+      program.restore_after is not None and not program.restore_built):
     return program.restore_after
   return None
 
@@ -144,8 +144,8 @@ KNOWN_BEING_FIXED = (
     Excuse(
         name='restore_into_unbuilt',
         applies=_restore_into_unbuilt, fields=('*',),
-        reason='a tf.train.Checkpoint restored into an optimizer not built '
-               'yet: it comes back fresh'),
+        reason="a tf.train.Checkpoint restored into the class install() "
+               'names, not built yet: its loss scale comes back fresh'),
     Excuse(
         name='v1_control_flow_adam_names',
         applies=_v1_control_flow_adam, fields=('variables',),

@@ -231,18 +231,16 @@ def _variables_of(opt: Any) -> List[Any]:
   return list(variables() if callable(variables) else variables)
 
 
-def _keras_observation(opt: Any, weights: List[Any]) -> Dict[str, Any]:
+def _keras_observation(family: str, opt: Any, weights: List[Any]
+                       ) -> Dict[str, Any]:
   """What a Keras program reads of its optimizer and weights."""
-  built = getattr(opt, 'built', True)
-  scale = getattr(opt, 'loss_scale', None)
-  if scale is None:
-    scale = opt.dynamic_scale if built else opt.initial_scale
-  if not getattr(opt, 'dynamic', True):
-    counter = 0  # A fixed scale counts no good steps.
-  elif hasattr(opt, 'dynamic_counter'):
-    counter = opt.dynamic_counter
-  else:
-    counter = opt.step_counter if built else 0
+  if family == 'tf24':  # TF 2.4-2.15's members, on both sides.
+    scale = opt.loss_scale
+    counter = opt.dynamic_counter if opt.dynamic else 0
+  elif opt.built:  # Keras's: made by `build`.
+    scale, counter = opt.dynamic_scale, opt.step_counter
+  else:  # What an unbuilt Keras optimizer scales by; no counter to read.
+    scale, counter = opt.initial_scale, 0
   shapes = {tuple(w.shape) for w in weights}
   inner = opt.inner_optimizer
   slots = sorted(
@@ -355,7 +353,8 @@ class _KerasLoop:
     self.scaled_loss = [float(_value(s)) for s in scaled]
 
   def observe(self) -> Dict[str, Any]:
-    return dict(_keras_observation(self.opt, [self.w]),
+    return dict(_keras_observation(self.program.family, self.opt,
+                                   [self.w]),
                 scaled_loss=self.scaled_loss)
 
   def checkpoint(self) -> tf.train.Checkpoint:
@@ -402,7 +401,8 @@ def _run_keras_fit(program: Program, side: str) -> List[Dict[str, Any]]:
     for start in range(0, len(xs), per_call):
       model.fit(xs[start:start + per_call], ys[start:start + per_call],
                 batch_size=1, epochs=1, shuffle=False, verbose=0)
-      trace.append(_keras_observation(opt, model.trainable_variables))
+      trace.append(_keras_observation(program.family, opt,
+                                       model.trainable_variables))
     return trace
   finally:
     keras.mixed_precision.set_global_policy('float32')
@@ -532,8 +532,8 @@ def run(program: Program, side: str, strategy: Any = None
     # What a program observes of an error: its type and what it names.
     named = tuple(a for a in _ARGUMENTS if re.search(rf'\b{a}\b', str(e)))
     trace = trace + [{'error': (type(e).__name__, named)}]
-  finally:
-    keras.backend.clear_session()
+  # (No keras.backend.clear_session(): its garbage collection costs more
+  # than the program, and no observation reads Keras's name counters.)
   return trace
 
 
