@@ -107,8 +107,8 @@ DOCUMENTED = (
 
 
 def _split_unbuilt(program: Program, _: Trace) -> Optional[int]:
-  if (_keras(program) and program.shape.startswith('split_') and
-      not program.built_before):
+  if (_keras(program) and program.ours == 'installed' and
+      program.shape.startswith('split_') and not program.built_before):
     return 0
   return None
 
@@ -128,7 +128,7 @@ def _v1_control_flow_adam(program: Program, _: Trace) -> Optional[int]:
 
 
 def _float16_loss_scaled(program: Program, _: Trace) -> Optional[int]:
-  if (_keras(program) and program.dtype != 'float32' and
+  if (program.family == 'keras3' and program.dtype != 'float32' and
       not program.loss_float32):
     return 0
   return None
@@ -138,9 +138,9 @@ KNOWN_BEING_FIXED = (
     Excuse(
         name='split_step_unbuilt',
         applies=_split_unbuilt, fields=('*',),
-        reason='a step split between a traced function and eager code, the '
-               'optimizer not built before: the trace keeps the initial '
-               'scale as a constant'),
+        reason="a step split between a traced function and eager code, the "
+               "class install() names not built before: the trace keeps the "
+               'initial scale as a constant'),
     Excuse(
         name='restore_into_unbuilt',
         applies=_restore_into_unbuilt, fields=('*',),
