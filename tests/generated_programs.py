@@ -132,8 +132,14 @@ def programs(draw) -> Program:
                            st.sampled_from([1.0, 2.0 ** 4, 2.0 ** 10,
                                             2.0 ** 20])))
   growth = draw(st.one_of(st.none(), st.integers(1, 3))) if dynamic else None
+  inner_keeps_zero_momentum = (family == 'tf24' and not dynamic and
+                               inner in ('sgd', 'schedule', 'clipnorm'))
+  # A fixed scale applies non-finite steps, on both sides; tf_keras's SGD
+  # then multiplies its zero momentum by the inf it kept (NaN) where Keras
+  # 3's SGD keeps none: the inner optimizers differ, so no such program.
+  kinds = ('finite',) if inner_keeps_zero_momentum else KINDS
   steps = draw(st.lists(
-      st.tuples(st.sampled_from(KINDS), st.sampled_from([0.5, 1.0, 2.0])),
+      st.tuples(st.sampled_from(kinds), st.sampled_from([0.5, 1.0, 2.0])),
       min_size=1, max_size=4))
   restore_after = draw(st.one_of(st.none(), st.integers(1, len(steps))))
   return Program(
