@@ -83,6 +83,17 @@ def _grappler_reassociates(program: Program, _: Trace) -> Optional[int]:
   return 0
 
 
+def _keras_builds_in_a_replica_function(program: Program, _: Trace
+                                        ) -> Optional[int]:
+  if program.family != 'keras3' or program.shape != 'mirrored':
+    return None
+  if not program.built_before:
+    return 0
+  if program.restore_after is not None and not program.restore_built:
+    return program.restore_after
+  return None
+
+
 DOCUMENTED = (
     Excuse(
         name='keras_checks_the_first_replica',
@@ -104,6 +115,14 @@ DOCUMENTED = (
         anchor='where-this-library-deliberately-differs',
         sentence="In a `tf.function` with float16 gradients, tf_keras's class "
                  "may apply a step it skips eagerly"),
+    Excuse(
+        name='keras_class_first_applied_in_a_replica_function',
+        applies=_keras_builds_in_a_replica_function, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence='Under `MirroredStrategy`, variables made inside a running '
+                 'function are never initialised ("You must feed a value for '
+                 "placeholder tensor ...\"), which is what Keras 3's own "
+                 'class (or a momentum SGD) meets when first applied there.'),
 )
 
 
