@@ -1,0 +1,179 @@
+"""What generated programs may observe differently from their peers, as data.
+
+`DOCUMENTED` holds the deliberate differences, each with the section of
+docs/differences.md that states it and the sentence there, quoted
+(`test_generated_programs.py` checks that the sentence is in that section).
+`KNOWN_BEING_FIXED` holds defects of this library that generated programs
+expose and that are being fixed; each regression test of
+`test_generated_regressions.py` fails on it until the fix lands, when the
+entry is removed. Nothing else is excused: any other difference fails.
+
+Each entry's `applies(program, peer_trace)` returns the index of the first
+observation it excuses, or None where it does not apply; from that index on,
+the fields it names (`'*'`: all) are not compared.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from generated_programs import Program
+
+Trace = List[Dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Excuse:
+  """A difference the comparison does not count, and why.
+
+  Attributes:
+    name: A short name, reported with the programs it excused.
+    applies: `(program, peer_trace) -> first excused observation or None`.
+    fields: The observations excused (`'*'` for all of them).
+    anchor: For a documented difference, the section of docs/differences.md
+      (its heading's anchor).
+    sentence: The sentence of that section that states it, quoted.
+    reason: For a defect being fixed, what goes wrong.
+  """
+  name: str
+  applies: Callable[[Program, Trace], Optional[int]]
+  fields: Tuple[str, ...]
+  anchor: str = ''
+  sentence: str = ''
+  reason: str = ''
+
+
+def observation_of_step(program: Program, step: int) -> int:
+  """The index of the observation after `step`, counting the restore's."""
+  restored = program.restore_after is not None and step >= program.restore_after
+  return step + (1 if restored else 0)
+
+
+def _first_step(program: Program, kinds: Tuple[str, ...]) -> Optional[int]:
+  for step, (kind, _) in enumerate(program.gradients):
+    if kind in kinds:
+      return observation_of_step(program, step)
+  return None
+
+
+def _keras(program: Program) -> bool:
+  return program.family in ('keras3', 'tf24')
+
+
+def _first_replica_only(program: Program, _: Trace) -> Optional[int]:
+  if (program.family != 'keras3' or program.shape != 'mirrored' or
+      program.replica != 1):
+    return None
+  return _first_step(program, ('overflow', 'inf', 'nan'))
+
+
+def _peer_scale_below_one(program: Program, peer: Trace) -> Optional[int]:
+  if program.family != 'keras3' or program.ours != 'form':
+    return None
+  for i, observation in enumerate(peer):
+    if observation.get('scale', 1.0) < 1.0:
+      return i
+  return None
+
+
+def _grappler_reassociates(program: Program, _: Trace) -> Optional[int]:
+  # A finite float16 gradient of 2 overflows too, once scaled by 2**15.
+  if (program.family != 'tf24' or program.shape == 'eager' or
+      program.dtype != 'float16'):
+    return None
+  return 0
+
+
+def _keras_builds_in_a_replica_function(program: Program, _: Trace
+                                        ) -> Optional[int]:
+  if program.family != 'keras3' or program.shape != 'mirrored':
+    return None
+  if not program.built_before:
+    return 0
+  if program.restore_after is not None and not program.restore_built:
+    return program.restore_after
+  return None
+
+
+DOCUMENTED = (
+    Excuse(
+        name='keras_checks_the_first_replica',
+        applies=_first_replica_only, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence="Keras 3's own `LossScaleOptimizer` trusts the first "
+                 "replica's check on its own gradients, so both are applied "
+                 "(the weights become inf)."),
+    Excuse(
+        name='scale_floor_of_one',
+        applies=_peer_scale_below_one, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence="The Keras 3 form keeps TensorFlow's rule: the scale never "
+                 "falls below 1 and never grows to inf (Keras 3's may do "
+                 "both)."),
+    Excuse(
+        name='tf_keras_reassociates_float16_in_a_function',
+        applies=_grappler_reassociates, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence="In a `tf.function` with float16 gradients, tf_keras's class "
+                 "may apply a step it skips eagerly"),
+    Excuse(
+        name='keras_class_first_applied_in_a_replica_function',
+        applies=_keras_builds_in_a_replica_function, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence='Under `MirroredStrategy`, variables made inside a running '
+                 'function are never initialised ("You must feed a value for '
+                 "placeholder tensor ...\"), which is what Keras 3's own "
+                 'class (or a momentum SGD) meets when first applied there.'),
+)
+
+
+def _split_unbuilt(program: Program, _: Trace) -> Optional[int]:
+  if (_keras(program) and program.ours == 'installed' and
+      program.shape.startswith('split_') and not program.built_before):
+    return 0
+  return None
+
+
+def _restore_into_unbuilt(program: Program, _: Trace) -> Optional[int]:
+  if (_keras(program) and program.ours == 'installed' and
+      program.restore_after is not None and not program.restore_built):
+    return program.restore_after
+  return None
+
+
+def _v1_control_flow_adam(program: Program, _: Trace) -> Optional[int]:
+  if (program.family == 'tf1' and not program.control_flow_v2 and
+      program.inner == 'adam'):
+    return 0
+  return None
+
+
+def _float16_loss_scaled(program: Program, _: Trace) -> Optional[int]:
+  if (program.family == 'keras3' and program.dtype != 'float32' and
+      not program.loss_float32):
+    return 0
+  return None
+
+
+KNOWN_BEING_FIXED = (
+    Excuse(
+        name='split_step_unbuilt',
+        applies=_split_unbuilt, fields=('*',),
+        reason="a step split between a traced function and eager code, the "
+               "class install() names not built before: the trace keeps the "
+               'initial scale as a constant'),
+    Excuse(
+        name='restore_into_unbuilt',
+        applies=_restore_into_unbuilt, fields=('*',),
+        reason="a tf.train.Checkpoint restored into the class install() "
+               'names, not built yet: its loss scale comes back fresh'),
+    Excuse(
+        name='v1_control_flow_adam_names',
+        applies=_v1_control_flow_adam, fields=('variables',),
+        reason="a TF1 graph built with control flow v1 and Adam: TensorFlow's "
+               'wrapper names beta1_power and beta2_power under cond_1/'),
+    Excuse(
+        name='float16_loss_to_scale_loss',
+        applies=_float16_loss_scaled, fields=('scaled_loss',),
+        reason='a float16 loss scaled by a built optimizer: ours returns it '
+               "in float16 (inf past 65504), Keras's in float32"),
+)
