@@ -3,10 +3,9 @@
 `DOCUMENTED` holds the deliberate differences, each with the section of
 docs/differences.md that states it and the sentence there, quoted
 (`test_generated_programs.py` checks that the sentence is in that section).
-`KNOWN_BEING_FIXED` holds defects of this library that generated programs
-expose and that are being fixed; each regression test of
-`test_generated_regressions.py` fails on it until the fix lands, when the
-entry is removed. Nothing else is excused: any other difference fails.
+Nothing else is excused: any other difference fails, and a defect found
+this way is fixed, its shrunk program kept in
+`test_generated_regressions.py`.
 
 Each entry's `applies(program, peer_trace)` returns the index of the first
 observation it excuses, or None where it does not apply; from that index on,
@@ -29,17 +28,15 @@ class Excuse:
     name: A short name, reported with the programs it excused.
     applies: `(program, peer_trace) -> first excused observation or None`.
     fields: The observations excused (`'*'` for all of them).
-    anchor: For a documented difference, the section of docs/differences.md
-      (its heading's anchor).
+    anchor: The section of docs/differences.md that states it (its
+      heading's anchor).
     sentence: The sentence of that section that states it, quoted.
-    reason: For a defect being fixed, what goes wrong.
   """
   name: str
   applies: Callable[[Program, Trace], Optional[int]]
   fields: Tuple[str, ...]
-  anchor: str = ''
-  sentence: str = ''
-  reason: str = ''
+  anchor: str
+  sentence: str
 
 
 def observation_of_step(program: Program, step: int) -> int:
@@ -123,57 +120,4 @@ DOCUMENTED = (
                  'function are never initialised ("You must feed a value for '
                  "placeholder tensor ...\"), which is what Keras 3's own "
                  'class (or a momentum SGD) meets when first applied there.'),
-)
-
-
-def _split_unbuilt(program: Program, _: Trace) -> Optional[int]:
-  if (_keras(program) and program.ours == 'installed' and
-      program.shape.startswith('split_') and not program.built_before):
-    return 0
-  return None
-
-
-def _restore_into_unbuilt(program: Program, _: Trace) -> Optional[int]:
-  if (_keras(program) and program.ours == 'installed' and
-      program.restore_after is not None and not program.restore_built):
-    return program.restore_after
-  return None
-
-
-def _v1_control_flow_adam(program: Program, _: Trace) -> Optional[int]:
-  if (program.family == 'tf1' and not program.control_flow_v2 and
-      program.inner == 'adam'):
-    return 0
-  return None
-
-
-def _float16_loss_scaled(program: Program, _: Trace) -> Optional[int]:
-  if (program.family == 'keras3' and program.dtype != 'float32' and
-      not program.loss_float32):
-    return 0
-  return None
-
-
-KNOWN_BEING_FIXED = (
-    Excuse(
-        name='split_step_unbuilt',
-        applies=_split_unbuilt, fields=('*',),
-        reason="a step split between a traced function and eager code, the "
-               "class install() names not built before: the trace keeps the "
-               'initial scale as a constant'),
-    Excuse(
-        name='restore_into_unbuilt',
-        applies=_restore_into_unbuilt, fields=('*',),
-        reason="a tf.train.Checkpoint restored into the class install() "
-               'names, not built yet: its loss scale comes back fresh'),
-    Excuse(
-        name='v1_control_flow_adam_names',
-        applies=_v1_control_flow_adam, fields=('variables',),
-        reason="a TF1 graph built with control flow v1 and Adam: TensorFlow's "
-               'wrapper names beta1_power and beta2_power under cond_1/'),
-    Excuse(
-        name='float16_loss_to_scale_loss',
-        applies=_float16_loss_scaled, fields=('scaled_loss',),
-        reason='a float16 loss scaled by a built optimizer: ours returns it '
-               "in float16 (inf past 65504), Keras's in float32"),
 )

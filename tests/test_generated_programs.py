@@ -42,8 +42,7 @@ _DIFFERENCES = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'docs', 'differences.md')
 
 
-def check(program, strategy, excuses=declarations.DOCUMENTED +
-          declarations.KNOWN_BEING_FIXED):
+def check(program, strategy, excuses=declarations.DOCUMENTED):
   """Runs `program` on both sides; fails with its script if they diverge."""
   ours = generated.run(program, 'ours', strategy)
   peer = generated.run(program, 'peer', strategy)
@@ -92,10 +91,3 @@ def test_each_documented_difference_quotes_its_sentence(excuse):
   assert excuse.sentence in sections[excuse.anchor], (
       f'{excuse.name}: docs/differences.md#{excuse.anchor} does not say '
       f'{excuse.sentence!r}')
-
-
-def test_a_known_defect_is_no_documented_difference():
-  documented = {e.name for e in declarations.DOCUMENTED}
-  for known in declarations.KNOWN_BEING_FIXED:
-    assert known.reason and not known.sentence, known.name
-    assert known.name not in documented

@@ -1,11 +1,8 @@
 """Shrunk generated programs that diverged from their peers, one test each.
 
 Each is a program Hypothesis drew and shrank (`test_generated_programs.py`),
-exposing a defect of this library declared in
-`generated_declarations.KNOWN_BEING_FIXED`; each test runs it with only the
-documented differences excused, so it fails until the defect is fixed
-(`xfail(strict=True)`: a fix makes it pass, and the mark and the
-declaration are then removed).
+or one written on its axes, that exposed a defect of this library, since
+fixed; each test runs it with only the documented differences excused.
 """
 
 import pytest
@@ -26,11 +23,6 @@ import test_generated_programs
 _FINITE = (('finite', 1.0),)
 
 
-def _known(name):
-  reason = {e.name: e.reason for e in declarations.KNOWN_BEING_FIXED}[name]
-  return pytest.mark.xfail(strict=True, reason=reason)
-
-
 @pytest.mark.parametrize('program', [
     # The trace keeps 2**15 after the scale doubled: the loss is scaled by
     # half the scale the apply unscales by (with an overflow, every step is
@@ -38,20 +30,16 @@ def _known(name):
     pytest.param(Program(family='tf24', ours='installed',
                          shape='split_traced_gradients', built_before=False,
                          growth_steps=1, gradients=_FINITE * 2),
-                 marks=_known('split_step_unbuilt'),
                  id='split_step_unbuilt'),
     pytest.param(Program(family='keras3', dtype='mixed_float16',
                          loss_float32=False, gradients=_FINITE),
-                 marks=_known('float16_loss_to_scale_loss'),
                  id='float16_loss_to_scale_loss'),
     pytest.param(Program(family='tf1', shape='session', inner='adam',
                          control_flow_v2=False, gradients=_FINITE),
-                 marks=_known('v1_control_flow_adam_names'),
                  id='v1_control_flow_adam_names'),
     # The scale halved by the inf step comes back as 2**15.
     pytest.param(Program(family='tf24', ours='installed', restore_after=1,
                          restore_built=False, gradients=(('inf', 1.0),)),
-                 marks=_known('restore_into_unbuilt'),
                  id='restore_into_unbuilt'),
 ])
 def test_a_shrunk_program_trains_as_its_peer(program, mirrored_strategy):
