@@ -4,9 +4,9 @@ The managers' rule (the one rule's `backoff_factor` and
 `non_finite_count='accumulated'` options), their arguments' checks, the
 optimizer's step in a TF1 graph, eagerly, in a `tf.function` and with two
 replicas, a user's own manager, the skip report, and NVIDIA BERT's loop run
-unmodified by name. tests/test_traces.py compares the graphs with TF 1.15.0
-itself, step by step; tests/test_launcher_programs.py the BERT loop through
-`tf-loss-scale run`.
+unmodified through `tf-loss-scale run`. tests/test_traces.py compares the
+graphs with TF 1.15.0 itself, step by step; tests/test_launcher_programs.py
+the BERT loop's output with what TF 1.15.0 printed, recorded in CI.
 """
 
 import os
@@ -300,25 +300,12 @@ def test_skip_report_names_the_gradient():
       1, 4.0, ('w:0',), 'nan')
 
 
-_RUN_AS_TF1 = '''
-import runpy, sys, types
-import tensorflow as real
-from tf_loss_scale.contrib import mixed_precision
-real.compat.v1.disable_v2_behavior()
-tf1 = types.ModuleType('tensorflow')
-tf1.__dict__.update(vars(real.compat.v1))
-tf1.contrib = types.SimpleNamespace(mixed_precision=mixed_precision)
-sys.modules['tensorflow'] = tf1
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')
-'''
-
-
 def test_bert_loop_runs_unmodified_with_tf_1_15s_numbers(tmp_path):
-  # `import tensorflow` gives TF1's namespace with this library's contrib,
-  # as `tf-loss-scale run --tf 1` serves it.
+  # As its users run it: `tf-loss-scale run` reads TF 1.x from its code and
+  # serves this library's tf.contrib.mixed_precision.
   printed = fresh_process.run_json(
-      ['-c', _RUN_AS_TF1, _PROGRAM, '--', '-5', '--flag'], cwd=str(tmp_path))
+      ['-m', 'tf_loss_scale', 'run', _PROGRAM, '--', '-5', '--flag'],
+      cwd=str(tmp_path))
   assert printed['loss_scale'] == BERT_SCALES
   assert printed['global_step'] == BERT_STEPS
   assert printed['weights'] == pytest.approx(BERT_WEIGHTS, rel=1e-6)
