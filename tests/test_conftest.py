@@ -12,6 +12,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import tensorflow as tf
+
 import conftest
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -62,6 +65,10 @@ def test_tests_after_an_aborted_collective_run_on_a_new_strategy(tmp_path):
       timeout=600, check=False)
   lines = [line for line in done.stdout.splitlines()
            if line.startswith(('PASSED ', 'FAILED '))]
+  if 'PASSED test_made_up.py::test_2_aborts_the_collectives' in lines:
+    pytest.skip(f'TensorFlow {tf.__version__} runs all-reduces of two shapes '
+                'under one key without aborting: no aborted collective to '
+                'recover from')
   assert [line.split(' ')[0] + ' ' + line.split('::')[1].split(' ')[0]
           for line in lines] == [
               'PASSED test_1_sums', 'PASSED test_3_sums_again',
