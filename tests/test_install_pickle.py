@@ -23,7 +23,7 @@ from tf_loss_scale import keras as tls_keras
 def described(opt):
   return [type(opt).__module__, type(opt).__qualname__,
           float(opt.initial_scale), opt.dynamic_growth_steps,
-          float(opt.inner_optimizer.learning_rate)]
+          float(keras.ops.convert_to_numpy(opt.inner_optimizer.learning_rate))]
 
 def new(cls):
   return cls(keras.optimizers.SGD(0.25), initial_scale=8.0,
