@@ -16,14 +16,14 @@ import sys
 
 _RUNS = {
     'readme': ('readme', 'the README\'s test command (the fast tier)'),
-    'readme-full': ('readme', 'the README\'s full suite command (--full)'),
-    'tf212': ('tf212', 'heavy files, legacy programs and compat_keras left '
-              'to readme-full and tf215'),
-    'tf215': ('tf215', 'heavy files left to readme-full'),
-    'tf216': ('tf216', 'heavy files but the file matrix and Keras files '
-              'with install(), and tf_keras children, left to readme-full'),
+    'readme-slow': ('readme', 'the rest of the README\'s full suite (-m slow)'),
+    'tf212': ('tf212', 'the fast tier; legacy programs and compat_keras '
+              'left to tf215'),
+    'tf215': ('tf215', 'the fast tier'),
+    'tf216': ('tf216', 'the fast tier; tf_keras children left to readme'),
     'tf221-legacy': ('readme', 'the README\'s .venv, TF_USE_LEGACY_KERAS=1; '
-                     'the files that reach tf.keras in their own process'),
+                     'the fast tier of the files that reach tf.keras in '
+                     'their own process'),
     'originals': ('readme', "tests/test_surface.py, tests/test_traces.py "
                   "against the originals' members and traces"),
 }

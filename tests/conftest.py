@@ -61,6 +61,37 @@ def pytest_runtest_makereport(item, call):
 # beside the files and parametrizations marked slow where they are defined.
 # Each is covered in the fast tier by a cheaper test (docs/testing.md).
 _FULL_TIER_ONLY = (
+    # The originals' records are there only after `.ci/run originals`,
+    # whose run of this file passes --full.
+    'tests/test_traces.py::',
+    'tests/test_compat_keras.py::test_fit_without_legacy_names_is_bit_'
+    'identical_with_install[tf_keras]',
+    'tests/test_run_command.py::test_each_generation_imports_keras_in_a_'
+    'child_set_up_alike[keras3]',
+    'tests/test_run_command.py::test_each_generation_imports_keras_in_a_'
+    'child_set_up_alike[tf1]',
+    'tests/test_compat.py::test_tf23_compile_fit_script_runs_unmodified_'
+    'under_keras_3',
+    'tests/test_compat.py::test_importing_changes_nothing[legacy_keras]',
+    'tests/test_refusals.py::test_tf23_program_with_a_loss_scale_outside_'
+    'the_scope_runs_as_tf23',
+    'tests/test_package_imports.py::test_each_public_module_resolves_on_'
+    'first_access[legacy_keras]',
+    'tests/test_experimental_namespace.py::test_compile_wraps_with_the_'
+    'policy_loss_scale[legacy_keras]',
+    'tests/test_experimental_namespace.py::test_fit_trains_like_keras_and_'
+    'skips_an_inf_batch[legacy_keras]',
+    'tests/test_package_imports.py::test_unknown_names_raise_attribute_error_'
+    'naming_them[legacy_keras]',
+    'tests/test_compat_keras.py::test_keras_file_saved_with_install_holds_'
+    'what_it_holds_without[default]',
+    'tests/test_refusals.py::test_tf23_policy_set_before_the_strategy_trains_'
+    'after_install',
+    'tests/test_conftest.py::test_tests_after_an_aborted_collective_run_on_a_'
+    'new_strategy',
+    'tests/test_optimizer_v1.py::test_mirrored_matches_tensorflow_step_by_'
+    'step[function]',
+    'tests/test_run_command.py::test_keras_3_and_the_programs_traceback',
     'tests/test_compat.py::test_tf23_mixed_precision_guide_runs_unmodified_'
     'after_install[legacy_keras]',
     'tests/test_compat_keras.py::test_keras_file_saved_with_or_without_'
@@ -147,12 +178,25 @@ def pytest_collection_modifyitems(config, items):
     return
   slow = [item for item in items if item.get_closest_marker('slow')]
   config.stash[_SLOW_LEFT_OUT] = len(slow)
+  # Under pytest-xdist (`-n 2`) the workers collect; the controller, which
+  # writes the summary, learns the count from them.
+  if hasattr(config, 'workeroutput'):
+    config.workeroutput['slow_left_out'] = len(slow)
   if slow:
     config.hook.pytest_deselected(items=slow)
     items[:] = [item for item in items if not item.get_closest_marker('slow')]
 
 
 _SLOW_LEFT_OUT = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+  """Under pytest-xdist, takes the full tier's count from a worker."""
+  del error  # Unused.
+  count = getattr(node, 'workeroutput', {}).get('slow_left_out')
+  if count is not None:
+    node.config.stash[_SLOW_LEFT_OUT] = count
 
 
 def not_run_here(skips, slow_left_out):
