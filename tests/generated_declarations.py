@@ -91,6 +91,21 @@ def _keras_builds_in_a_replica_function(program: Program, _: Trace
   return None
 
 
+def _keras_traced_its_initial_scale(program: Program, peer: Trace
+                                    ) -> Optional[int]:
+  # Keras's unbuilt class multiplies by `initial_scale` in the trace of the
+  # gradients, which outlives the build: wrong once the scale has moved.
+  if program.family != 'keras3' or program.shape != 'split_traced_gradients':
+    return None
+  starts = []
+  if not program.built_before:
+    starts += [i + 1 for i, observation in enumerate(peer)
+               if observation['scale'] != program.scale0][:1]
+  if program.restore_after is not None and not program.restore_built:
+    starts.append(program.restore_after)
+  return min(starts, default=None)
+
+
 DOCUMENTED = (
     Excuse(
         name='keras_checks_the_first_replica',
@@ -120,4 +135,12 @@ DOCUMENTED = (
                  'function are never initialised ("You must feed a value for '
                  "placeholder tensor ...\"), which is what Keras 3's own "
                  'class (or a momentum SGD) meets when first applied there.'),
+    Excuse(
+        name='keras_traces_its_initial_scale_unbuilt',
+        applies=_keras_traced_its_initial_scale, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence="Keras's class, unbuilt, scales a loss traced in a "
+                 '`tf.function` by its initial scale for as long as the trace '
+                 'lives (its scale variable does not exist yet), so the steps '
+                 'after the first overflow go wrong.'),
 )

@@ -3,6 +3,8 @@
 Each is a program Hypothesis drew and shrank (`test_generated_programs.py`),
 or one written on its axes, that exposed a defect of this library, since
 fixed; each test runs it with only the documented differences excused.
+The last pins a bug of the peer's that a declaration excuses, and checks
+that the excuse starts where the peer goes wrong, not before.
 """
 
 import pytest
@@ -16,6 +18,7 @@ versions.TF_KERAS_INSTALLED.require()
 
 # pylint: disable=g-import-not-at-top,wrong-import-order
 import generated_declarations as declarations
+import generated_programs as generated
 from generated_programs import Program
 import test_generated_programs
 # pylint: enable=g-import-not-at-top,wrong-import-order
@@ -45,3 +48,27 @@ _FINITE = (('finite', 1.0),)
 def test_a_shrunk_program_trains_as_its_peer(program, mirrored_strategy):
   test_generated_programs.check(program, mirrored_strategy,
                                 declarations.DOCUMENTED)
+
+
+def test_keras_unbuilt_traced_scaling_is_excused_where_it_goes_wrong():
+  """Pins a bug of Keras 3's class, excused by a declaration.
+
+  Keras's unbuilt class scales the loss traced in the gradients' function by
+  its initial scale, and keeps that trace after the first overflow halved
+  its scale: its second step is scaled by 2**15 and unscaled by 2**14.
+  """
+  program = Program(family='keras3', shape='split_traced_gradients',
+                    built_before=False,
+                    gradients=(('overflow', 0.5), ('finite', 0.5)))
+  ours = generated.run(program, 'ours', None)
+  peer = generated.run(program, 'peer', None)
+  assert [o['scaled_loss'] for o in ours[1:]] == [[2.0 ** 14 * 1.5]]
+  assert [o['scaled_loss'] for o in peer[1:]] == [[2.0 ** 15 * 1.5]]
+  assert ours[1]['weights'][0] == pytest.approx([1.0 - 0.05, -2.0 + 0.05])
+  assert generated.divergences(program, ours, peer, ()) == [
+      'observation 1, scaled_loss: ours [24576.0], peer [49152.0]',
+      'observation 1, weights: ours [[0.949999988079071, '
+      '-1.9500000476837158]], peer [[0.8999999761581421, '
+      '-1.899999976158142]]']
+  assert not generated.divergences(program, ours, peer,
+                                   declarations.DOCUMENTED)
