@@ -1,14 +1,18 @@
-"""Runs test files twice, plainly and with `compat.install()` active.
+"""Runs test files with `compat.install()` active, and plainly where it matters.
 
 `python keras_tests_with_install.py LOGS_DIR [GROUP...]` (the Python of
-the environment under test) runs each group below (or those named) twice with pytest, the second
-time with .ci/install_compat_plugin.py loaded (`install(override=True)` at
-configure time), and compares the outcomes test by test. It prints, per
-group, both runs' counts, pytest's exit status and every test whose outcome
-differs, and exits 1 if, in either run of a group:
+the environment under test) runs each group below (or those named) with
+pytest and .ci/install_compat_plugin.py loaded (`install(override=True)` at
+configure time), then plainly the tests of it that did not pass with
+install() and those known to fail plainly (.ci/select_tests_plugin.py): a
+test that passes with install() can fail or skip only with it in no way,
+so running it plainly again would decide nothing. It compares the outcomes
+test by test, prints, per group, both runs' counts, pytest's exit status
+and every test whose outcome differs, and exits 1 if, in either run of a
+group:
   - a test file fails to import or collect (pytest reports a collection
     error; the other run failing alike does not excuse it);
-  - no test ran (every test skipped, or none collected);
+  - no test ran with install() (every test skipped, or none collected);
   - pytest exits other than 0 (a test failed or errored, or pytest stopped),
     unless every failing test is one of _KNOWN_FAILURES for that run;
   - a test fails (or errors) only with install(), or skips only with it
@@ -54,7 +58,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CI = os.path.join(_CHECKOUT, '.ci')
@@ -238,7 +242,9 @@ def _read(path: str) -> str:
     return f.read()
 
 
-def _run(group: Group, install: bool, logs: str) -> Outcome:
+def _run(group: Group, install: bool, logs: str,
+         only: Optional[Set[str]] = None) -> Outcome:
+  """Runs the group's tests (those of `only` alone, if given) once."""
   label = f'{group.name}-{"install" if install else "plain"}'
   junit = os.path.join(logs, f'keras-tests-{label}.xml')
   if os.path.exists(junit):
@@ -246,6 +252,12 @@ def _run(group: Group, install: bool, logs: str) -> Outcome:
   args = [sys.executable, '-m', 'pytest', *group.args,
           f'--junitxml={junit}']
   env = dict(group.env)
+  if only is not None:
+    selection = os.path.join(logs, f'keras-tests-{label}.selected')
+    with open(selection, 'w') as f:
+      f.write(''.join(f'{test}\n' for test in sorted(only)))
+    args[3:3] = ['-p', 'select_tests_plugin']
+    env['TF_LOSS_SCALE_CI_SELECT'] = selection
   marker = os.path.join(logs, f'keras-tests-{label}.installed')
   if os.path.exists(marker):
     os.remove(marker)
@@ -281,20 +293,28 @@ def _run(group: Group, install: bool, logs: str) -> Outcome:
   for result in outcome.tests.values():
     counts[result] = counts.get(result, 0) + 1
   shown = ', '.join(f'{n} {o}' for o, n in sorted(counts.items()))
-  print(f'{label:<20}{shown or "no tests"} (pytest exit {done.returncode}, '
-        f'{seconds:.0f} s)', flush=True)
+  chosen = '' if only is None else f' of {len(only)} chosen'
+  print(f'{label:<20}{shown or "no tests"}{chosen} (pytest exit '
+        f'{done.returncode}, {seconds:.0f} s)', flush=True)
   return outcome
 
 
-def _problems(group: Group, run: Outcome) -> List[str]:
-  """What makes one run fail the step, whatever the other run did."""
+def _problems(group: Group, run: Outcome, whole: bool = True) -> List[str]:
+  """What makes one run fail the step, whatever the other run did.
+
+  Args:
+    group: the group run.
+    run: its outcomes.
+    whole: whether the run was of every test of the group (else of some
+      chosen: then it need not run a test of each file).
+  """
   problems = [f'{run.label}: {name} failed to import or collect'
               for name in run.collection_errors]
   ran = [t for t, o in run.tests.items() if o in ('passed', 'failed', 'error')]
-  if not ran:
+  if whole and not ran:
     problems.append(f'{run.label}: no test ran')
   problems += [f'{run.label}: no test of {prefix[:-1]} ran'
-               for prefix in group.each_runs
+               for prefix in group.each_runs if whole
                if not any(t.startswith(prefix) for t in ran)]
   known = _KNOWN_FAILURES.get((group.name, run.label.rpartition('-')[2]), {})
   failing = {t for t, o in run.tests.items() if o in ('failed', 'error')}
@@ -361,6 +381,24 @@ def install_only_problems(group: Group, plain: Dict[str, str],
   return problems
 
 
+def plain_reruns(installed: Dict[str, str], known: Dict[str, str]
+                 ) -> Set[str]:
+  """The tests to run plainly after a run with install().
+
+  Args:
+    installed: outcomes of the run with install(), id -> passed, failed,
+      error, skipped.
+    known: the tests known to fail plainly (each must still fail there).
+
+  Returns:
+    Those that did not pass with install() (whether install() alone made
+    them fail or skip is what the plain run decides) and those of `known`
+    the run with install() collected.
+  """
+  return ({test for test, outcome in installed.items() if outcome != 'passed'}
+          | (set(known) & set(installed)))
+
+
 def main(logs: str, *names: str) -> int:
   os.makedirs(logs, exist_ok=True)
   status = 0
@@ -372,16 +410,23 @@ def main(logs: str, *names: str) -> int:
     for group in groups:
       if names and group.name not in names:
         continue
-      plain = _run(group, install=False, logs=logs)
       installed = _run(group, install=True, logs=logs)
+      again = plain_reruns(installed.tests,
+                           _KNOWN_FAILURES.get((group.name, 'plain'), {}))
+      plain = (_run(group, install=False, logs=logs, only=again) if again
+               else Outcome(f'{group.name}-plain', {}, [], 0))
+      if not again:
+        print(f'{plain.label:<20}nothing to run: every test passed with '
+              'install()')
       differing = sorted(
           (test, plain.tests.get(test, 'absent'),
            installed.tests.get(test, 'absent'))
-          for test in set(plain.tests) | set(installed.tests)
+          for test in set(plain.tests)
           if plain.tests.get(test) != installed.tests.get(test))
       for test, without, with_install in differing:
         print(f'  {test}: {without} plainly, {with_install} with install()')
-      problems = _problems(group, plain) + _problems(group, installed)
+      problems = _problems(group, plain, whole=False) + _problems(
+          group, installed)
       problems += [f'{group.name}: {problem}' for problem in
                    install_only_problems(group, plain.tests, installed.tests)]
       for problem in problems:

@@ -95,7 +95,7 @@ def main(logs):
           + ', '.join(checks))
   comparison = os.path.join(logs, 'with-install.log')
   if os.path.exists(comparison):
-    print('Test files plainly and with compat.install() '
+    print('Test files with compat.install(), then plainly what did not pass '
           '(.ci/keras_tests_with_install.py):')
     with open(comparison, errors='replace') as f:
       print(''.join('  ' + line for line in f))

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -252,3 +253,61 @@ def test_with_install_requires_keras_stateless_cases_to_run_on_its_class():
           f'no test matching {group.run_with_install[0]} with install()']
   ran = dict(plain, **{f'{_LSO_TEST}test_finite_step_stateless': 'passed'})
   assert with_install.install_only_problems(group, plain, ran) == []
+
+
+def test_with_install_reruns_plainly_what_did_not_pass_with_install():
+  installed = {f'{_LSO_TEST}test_config': 'passed',
+               f'{_LSO_TEST}test_upscaling_stateful': 'skipped',
+               f'{_LSO_TEST}test_infinite_step_stateful': 'failed',
+               f'{_LSO_TEST}test_serialization': 'passed'}
+  known = {f'{_LSO_TEST}test_serialization': 'a data file is missing',
+           f'{_LSO_TEST}test_not_collected': 'another release'}
+  assert with_install.plain_reruns(installed, known) == {
+      f'{_LSO_TEST}test_upscaling_stateful',
+      f'{_LSO_TEST}test_infinite_step_stateful',
+      f'{_LSO_TEST}test_serialization'}
+  assert with_install.plain_reruns(
+      {f'{_LSO_TEST}test_config': 'passed'}, {}) == set()
+
+
+_SELECTED_FILE = '''
+import pytest
+
+class TestOne:
+  def test_a(self):
+    pass
+
+  @pytest.mark.parametrize('n', [1, 2])
+  def test_b(self, n):
+    pass
+
+def test_c():
+  pass
+'''
+
+
+def test_the_selection_plugin_runs_the_tests_named_by_junit_id(tmp_path):
+  package = tmp_path / 'pkg'
+  package.mkdir()
+  (package / 'sample_test.py').write_text(_SELECTED_FILE)
+  (tmp_path / 'pytest.ini').write_text('[pytest]\n')
+
+  def run(*args, **env):
+    junit = tmp_path / 'report.xml'
+    subprocess.run(
+        [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+         '-c', str(tmp_path / 'pytest.ini'), '--rootdir', str(tmp_path),
+         f'--junitxml={junit}', *args, 'pkg/sample_test.py'],
+        cwd=tmp_path, check=False, capture_output=True,
+        env=dict(os.environ, PYTHONPATH=_CI, **env))
+    return sorted(with_install._outcomes(str(junit))[0])  # pylint: disable=protected-access
+
+  every = run()
+  assert every == ['pkg.sample_test.TestOne::test_a',
+                   'pkg.sample_test.TestOne::test_b[1]',
+                   'pkg.sample_test.TestOne::test_b[2]',
+                   'pkg.sample_test::test_c']
+  selection = tmp_path / 'selected'
+  selection.write_text(f'{every[2]}\n{every[3]}\n')
+  assert run('-p', 'select_tests_plugin',
+             TF_LOSS_SCALE_CI_SELECT=str(selection)) == every[2:]
