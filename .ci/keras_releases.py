@@ -23,6 +23,11 @@ The releases listed by the index must hold every minor release from the
 oldest supported to the newest listed or tested (keras3_support's
 NEWEST_TESTED): one that is missing fails the run rather than going unrun.
 
+A release named by TF_LOSS_SCALE_CI_KERAS_RUN_ELSEWHERE (in CI, the Keras of
+the README's .venv, over the same TensorFlow: the README's suite runs the
+smoke script on it, and the with-install step Keras's class tests) is
+listed as run there, not run again.
+
 Prints a line per release (passed, failed or skipped with the script's
 reason, and seconds) and each failing check's output; the scripts' output
 goes to LOGS_DIR/keras-release-X.Y.Z.log. Exits 1 if a release failed, the
@@ -281,14 +286,21 @@ def main(logs: str, *versions: str) -> int:
   if missing:
     print(f'keras {", ".join(missing)}: FAILED: the package index lists no '
           'such minor release, which therefore cannot run', flush=True)
+  elsewhere = os.environ.get('TF_LOSS_SCALE_CI_KERAS_RUN_ELSEWHERE')
   start = time.monotonic()
   with tempfile.TemporaryDirectory() as scratch:
-    outcomes = {version: _run(version, scratch, logs, limits)
-                for version in versions}
+    outcomes = {}
+    for version in versions:
+      if version == elsewhere:
+        print(f'keras {version:<8} run by the README\'s suite, on its .venv',
+              flush=True)
+      else:
+        outcomes[version] = _run(version, scratch, logs, limits)
   counts = {o: sum(1 for v in outcomes.values() if v == o)
             for o in ('passed', 'failed', 'skipped')}
   print(f'keras releases: {counts["passed"]} passed, {counts["failed"]} '
         f'failed, {counts["skipped"]} skipped'
+        f'{", 1 run by the README" if elsewhere in versions else ""}'
         f'{f", {len(missing)} missing" if missing else ""} '
         f'({time.monotonic() - start:.0f} s)')
   return int(bool(counts['failed']) or bool(missing) or not counts['passed'])
