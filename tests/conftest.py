@@ -160,7 +160,35 @@ _FULL_TIER_ONLY = (
     '[legacy_keras]',
     'tests/test_experimental_namespace.py::test_layers_take_the_policy_and_'
     'get_layer_policy_returns_it[legacy_keras]',
+    'tests/test_experimental_namespace.py::test_graph_rewrite_switches_'
+    'tensorflow_rewrite_and_wraps_with_ours[legacy_keras]',
+    'tests/test_generated_programs.py::test_a_generated_program_trains_as_'
+    'its_peer',
+    # The originals' step runs this file with --full.
+    'tests/test_tf1_control_flow.py::',
+    'tests/test_inspect.py::test_keras_file_of_the_keras_3_form_from_a_fresh_'
+    'command_line',
+    'tests/test_loss_scale_options.py::test_warn_in_a_graph_and_a_function_'
+    'logs_once_per_collapse',
+    'tests/test_run_command.py::test_tf_2_3_gets_tf_2_10s_optimizers',
+    'tests/test_compat_keras.py::test_fit_without_legacy_names_is_bit_'
+    'identical_with_install[default]',
+    'tests/test_compat_keras.py::test_install_patches_compile_on_the_class_'
+    'defining_it_and_uninstall_restores[default]',
 )
+
+
+def pytest_configure(config):
+  """Under pytest-xdist, sends each file's tests to one worker.
+
+  Several files run their programs in batches, once per process, from a
+  module or session fixture (the legacy programs, the README's blocks, the
+  file matrix, ...): spread over two workers, each worker would run the
+  whole batch. `-n 2` distributes test by test (`--dist load`, its
+  default); here that becomes `--dist loadfile`. Another `--dist` is kept.
+  """
+  if getattr(config.option, 'dist', 'no') == 'load':
+    config.option.dist = 'loadfile'
 
 
 def pytest_addoption(parser):

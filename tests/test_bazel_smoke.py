@@ -46,10 +46,13 @@ def test_repository_init_hands_the_name_to_the_package(tmp_path):
               repository / '__init__.py')
   os.symlink(os.path.join(WORKSPACE, 'tf_loss_scale'),
              repository / 'tf_loss_scale')
-  script = ('import tf_loss_scale, tf_loss_scale.monitoring; '
+  # Where each submodule would load from, without loading TensorFlow: the
+  # library's own directory (Bazel's step imports them for real).
+  script = ('import importlib.util, sys, tf_loss_scale; '
             'print(tf_loss_scale.__name__, tf_loss_scale.__file__, '
-            'tf_loss_scale.DynamicLossScale.__module__, '
-            'tf_loss_scale.monitoring.__name__)')
+            'importlib.util.find_spec("tf_loss_scale.loss_scale").origin, '
+            'importlib.util.find_spec("tf_loss_scale.monitoring").origin, '
+            '"tensorflow" in sys.modules)')
   done = subprocess.run(
       [sys.executable, '-c', script], capture_output=True, text=True,
       timeout=120, check=False, cwd=str(tmp_path),
@@ -58,4 +61,5 @@ def test_repository_init_hands_the_name_to_the_package(tmp_path):
   assert done.stdout.split() == [
       'tf_loss_scale',
       str(repository / 'tf_loss_scale' / '__init__.py'),
-      'tf_loss_scale.loss_scale', 'tf_loss_scale.monitoring'], done.stdout
+      str(repository / 'tf_loss_scale' / 'loss_scale.py'),
+      str(repository / 'tf_loss_scale' / 'monitoring.py'), 'False'], done.stdout

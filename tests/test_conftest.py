@@ -4,8 +4,10 @@ One test whose collectives abort does not fail the tests after it. A failed coll
 shapes under the same keys) aborts every later collective of the process.
 tests/conftest.py makes the eager context and its `mirrored_strategy` anew
 after such a test; a pytest run of made-up tests, in a fresh process with
-that conftest, shows the next test's all-reduce sums again. And the run's
-closing summary says what it could not check here.
+that conftest, shows the next test's all-reduce sums again. Under
+pytest-xdist each file's tests go to one worker, so a file's batch of
+programs (a module fixture) runs once. And the run's closing summary says
+what it could not check here, under xdist too.
 """
 
 import os
@@ -92,3 +94,49 @@ def test_the_summary_names_what_this_run_cannot_check():
       '  needs tf_keras',
       '    tests/a.py::test_z']
   assert conftest.not_run_here([], 0) == []
+
+
+_BATCHED_TESTS = """
+import os
+
+import pytest
+
+
+@pytest.fixture(scope='module')
+def batch():
+  with open(os.environ['MADE_UP_BATCHES'], 'a') as f:
+    f.write(__name__ + '\\n')
+
+
+@pytest.mark.parametrize('n', range(4))
+def test_in_a_batch(batch, n):
+  del batch, n
+
+
+@pytest.mark.slow
+def test_of_the_full_tier():
+  pass
+"""
+
+
+@pytest.mark.slow
+def test_on_two_workers_a_files_batch_runs_once_and_the_summary_counts(
+    tmp_path):
+  for name in ('test_one.py', 'test_two.py'):
+    (tmp_path / name).write_text(_BATCHED_TESTS)
+  batches = tmp_path / 'batches.txt'
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+             MADE_UP_BATCHES=str(batches),
+             PYTHONPATH=os.pathsep.join([_TESTS] + sys.path))
+  done = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+       '-p', 'conftest', '-c', os.devnull, '--rootdir', str(tmp_path),
+       '-n', '2', 'test_one.py', 'test_two.py'],
+      cwd=str(tmp_path), env=env, capture_output=True, text=True,
+      timeout=600, check=False)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert '8 passed' in done.stdout, done.stdout[-3000:]
+  # Each module's fixture once, though its tests were four.
+  assert sorted(batches.read_text().splitlines()) == ['test_one', 'test_two']
+  assert ('2 tests of the full tier not run: `pytest -q tests --full` runs '
+          'them (CI does).') in done.stdout, done.stdout[-3000:]

@@ -676,28 +676,23 @@ def test_tf_keras_checkpoints_restore_whole_into_this_class(tmp_path, kind):
     _assert_all_bound(status, what, kind)
 
 
-_INSTALL = '''
-import json, keras, tensorflow as tf
-import tf_loss_scale.compat
-before = tf.keras.mixed_precision.LossScaleOptimizer
-tf_loss_scale.compat.install()
-from tf_loss_scale.keras import mixed_precision
-from tf_loss_scale.keras.mixed_precision import shared_name
-installed = [tf.keras.mixed_precision.LossScaleOptimizer is
-             shared_name.LossScaleOptimizer,
-             keras.mixed_precision.LossScaleOptimizer is
-             shared_name.LossScaleOptimizer,
-             keras.optimizers.LossScaleOptimizer is before,
-             issubclass(shared_name.LossScaleOptimizer,
-                        mixed_precision.LossScaleOptimizer)]
-tf_loss_scale.compat.uninstall()
-print(json.dumps(installed + [
-    tf.keras.mixed_precision.LossScaleOptimizer is before]))
-'''
-
-
 def test_install_maps_the_keras_3_name_and_leaves_keras_its_own():
-  assert fresh_process.run_json(['-c', _INSTALL]) == [True] * 5
+  import tf_loss_scale.compat  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale.keras.mixed_precision import shared_name  # pylint: disable=g-import-not-at-top
+  before = tf.keras.mixed_precision.LossScaleOptimizer
+  keras_own = keras.optimizers.LossScaleOptimizer
+  tf_loss_scale.compat.install()
+  try:
+    assert tf.keras.mixed_precision.LossScaleOptimizer is (
+        shared_name.LossScaleOptimizer)
+    assert keras.mixed_precision.LossScaleOptimizer is (
+        shared_name.LossScaleOptimizer)
+    assert keras.optimizers.LossScaleOptimizer is keras_own is before
+    assert issubclass(shared_name.LossScaleOptimizer,
+                      mixed_precision.LossScaleOptimizer)
+  finally:
+    tf_loss_scale.compat.uninstall()
+  assert tf.keras.mixed_precision.LossScaleOptimizer is before
 
 
 def _minimize_step(opt, var, dtype, loss_kind):
