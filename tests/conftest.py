@@ -133,8 +133,6 @@ _FULL_TIER_ONLY = (
     'deserializes_while_installed',
     'tests/test_compat_keras.py::test_compile_made_keras_wrapper_is_replaced_'
     'only_while_installed',
-    'tests/test_run_command.py::test_after_tensorflow_was_imported_a_fresh_'
-    'interpreter_runs_it',
     'tests/test_run_command.py::test_without_tf_keras_says_how_to_get_it',
     'tests/test_experimental_namespace.py::test_policy_loss_scale_as_tf23_'
     'defined_it[default]',
