@@ -169,6 +169,8 @@ _FULL_TIER_ONLY = (
     'tests/test_loss_scale_options.py::test_warn_in_a_graph_and_a_function_'
     'logs_once_per_collapse',
     'tests/test_run_command.py::test_tf_2_3_gets_tf_2_10s_optimizers',
+    'tests/test_run_command.py::test_what_the_program_sets_before_importing_'
+    'tensorflow_counts',
     'tests/test_compat_keras.py::test_fit_without_legacy_names_is_bit_'
     'identical_with_install[default]',
     'tests/test_compat_keras.py::test_install_patches_compile_on_the_class_'
@@ -184,9 +186,13 @@ def pytest_configure(config):
   file matrix, ...): spread over two workers, each worker would run the
   whole batch. `-n 2` distributes test by test (`--dist load`, its
   default); here that becomes `--dist loadfile`. Another `--dist` is kept.
+  The files go out in the order collection leaves them (below), not by
+  their number of tests: the long ones first, so that neither worker is
+  left with one at the end.
   """
   if getattr(config.option, 'dist', 'no') == 'load':
     config.option.dist = 'loadfile'
+    config.option.loadscopereorder = False
 
 
 def pytest_addoption(parser):
@@ -195,8 +201,19 @@ def pytest_addoption(parser):
       help='also run the tests marked slow (the full tier; docs/testing.md)')
 
 
+def _starts_processes(item) -> bool:
+  module = getattr(item, 'module', None)
+  return module is not None and ('fresh_process' in vars(module) or
+                                 'subprocess' in vars(module))
+
+
 def pytest_collection_modifyitems(config, items):
-  """Leaves the tests marked slow out unless --full is given."""
+  """Leaves the tests marked slow out unless --full is given.
+
+  First come the files whose tests start processes (each test a TensorFlow
+  start-up or more), then the rest, each part in its order.
+  """
+  items.sort(key=lambda item: not _starts_processes(item))
   for item in items:
     if item.nodeid.startswith(_FULL_TIER_ONLY):
       item.add_marker(pytest.mark.slow)

@@ -6,6 +6,8 @@ strategy, whose loss scale `compile` wraps in its scope) run unmodified in
 a fresh process, through `tf-loss-scale run` and after `compat.install()`,
 and print what TensorFlow 2.3.4 printed (`test_launcher_programs._RECORDED`,
 compared again with the original itself where `.ci/run originals` ran it).
+A graph rewrite refused under a mixed policy, then retried, wraps as
+TensorFlow's does (in process, the policy and the rewrite restored).
 """
 
 import json
@@ -63,46 +65,42 @@ def test_tf23_policy_set_before_the_strategy_trains_after_install(
                                  legacy_keras=legacy_keras))
 
 
-_REWRITE_RETRY = '''
-import json
-import tensorflow as tf
-import tf_keras
-from tf_loss_scale import graph_rewrite
-
-def retried(enable, opt):
+def _retried(enable, opt):
   """Refused under a mixed policy; the retry under float32 wraps `opt`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.mixed_precision.set_global_policy('mixed_float16')
   try:
-    wrapped, refused = enable(opt), None
-  except ValueError as error:
-    # Retried here, as programs do, while the error (and its traceback,
-    # which holds the refused call's frame) is alive.
-    refused = str(error).split(',')[0]
+    try:
+      wrapped, refused = enable(opt), None
+    except ValueError as error:
+      # Retried here, as programs do, while the error (and its traceback,
+      # which holds the refused call's frame) is alive.
+      refused = str(error).split(',')[0]
+      tf_keras.mixed_precision.set_global_policy('float32')
+      wrapped = enable(opt)
+  finally:
+    # The policy and the rewrite are process-wide: as they were.
     tf_keras.mixed_precision.set_global_policy('float32')
-    wrapped = enable(opt)
-  tf.compat.v1.mixed_precision.disable_mixed_precision_graph_rewrite()
+    tf.compat.v1.mixed_precision.disable_mixed_precision_graph_rewrite()
   inner = getattr(wrapped, '_optimizer', None) or wrapped.inner_optimizer
   return [refused, inner is opt]
-
-v1 = tf.compat.v1.train.GradientDescentOptimizer
-print(json.dumps({
-    'theirs': retried(
-        tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite,
-        v1(0.1)),
-    'ours_v1': retried(graph_rewrite.enable_mixed_precision_graph_rewrite,
-                       v1(0.1)),
-    'ours_keras': retried(graph_rewrite.enable_mixed_precision_graph_rewrite,
-                          tf_keras.optimizers.legacy.SGD(0.1)),
-}))
-'''
 
 
 @versions.TF_KERAS_INSTALLED.mark
 def test_graph_rewrite_refused_under_a_mixed_policy_wraps_on_the_retry():
   # A refused call changes nothing: the optimizer is not marked as held.
-  out = fresh_process.run_json(['-c', _REWRITE_RETRY])
-  assert out['theirs'][0].startswith(
-      'The mixed precision graph rewrite cannot be enabled'), out
-  assert out['theirs'][1]
-  assert out['ours_v1'] == out['theirs']
-  assert out['ours_keras'] == out['theirs']
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from tf_loss_scale import graph_rewrite  # pylint: disable=g-import-not-at-top
+  v1 = tf.compat.v1.train.GradientDescentOptimizer
+  theirs = _retried(
+      tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite,
+      v1(0.1))
+  assert theirs[0].startswith(
+      'The mixed precision graph rewrite cannot be enabled'), theirs
+  assert theirs[1]
+  assert _retried(graph_rewrite.enable_mixed_precision_graph_rewrite,
+                  v1(0.1)) == theirs
+  assert _retried(graph_rewrite.enable_mixed_precision_graph_rewrite,
+                  tf_keras.optimizers.legacy.SGD(0.1)) == theirs
