@@ -160,8 +160,6 @@ _FULL_TIER_ONLY = (
     'get_layer_policy_returns_it[legacy_keras]',
     'tests/test_experimental_namespace.py::test_graph_rewrite_switches_'
     'tensorflow_rewrite_and_wraps_with_ours[legacy_keras]',
-    'tests/test_generated_programs.py::test_a_generated_program_trains_as_'
-    'its_peer',
     # The originals' step runs this file with --full.
     'tests/test_tf1_control_flow.py::',
     'tests/test_inspect.py::test_keras_file_of_the_keras_3_form_from_a_fresh_'
