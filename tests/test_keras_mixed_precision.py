@@ -676,6 +676,7 @@ def test_tf_keras_checkpoints_restore_whole_into_this_class(tmp_path, kind):
     _assert_all_bound(status, what, kind)
 
 
+@versions.TF_KERAS_IS_KERAS_3.mark
 def test_install_maps_the_keras_3_name_and_leaves_keras_its_own():
   import tf_loss_scale.compat  # pylint: disable=g-import-not-at-top
   from tf_loss_scale.keras.mixed_precision import shared_name  # pylint: disable=g-import-not-at-top
