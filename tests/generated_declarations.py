@@ -80,6 +80,15 @@ def _grappler_reassociates(program: Program, _: Trace) -> Optional[int]:
   return 0
 
 
+def _grappler_folds_a_fixed_scale(program: Program, _: Trace
+                                  ) -> Optional[int]:
+  # A fixed scale and its reciprocal are constants of tf_keras's graph.
+  if (program.family != 'tf24' or program.dynamic or
+      program.shape in ('eager', 'jit')):
+    return None
+  return _first_step(program, ('overflow',))
+
+
 def _keras_builds_in_a_replica_function(program: Program, _: Trace
                                         ) -> Optional[int]:
   if program.family != 'keras3' or program.shape != 'mirrored':
@@ -127,6 +136,14 @@ DOCUMENTED = (
         anchor='where-this-library-deliberately-differs',
         sentence="In a `tf.function` with float16 gradients, tf_keras's class "
                  "may apply a step it skips eagerly"),
+    Excuse(
+        name='tf_keras_folds_a_fixed_scale_in_a_function',
+        applies=_grappler_folds_a_fixed_scale, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence='With a fixed scale the same folding happens in float32: a '
+                 "gradient that overflows once scaled comes out of tf_keras's "
+                 'class finite in a `tf.function`, and inf eagerly and under '
+                 "XLA; this class's is inf in all three."),
     Excuse(
         name='keras_class_first_applied_in_a_replica_function',
         applies=_keras_builds_in_a_replica_function, fields=('*',),

@@ -3,8 +3,8 @@
 Each is a program Hypothesis drew and shrank (`test_generated_programs.py`),
 or one written on its axes, that exposed a defect of this library, since
 fixed; each test runs it with only the documented differences excused.
-The last pins a bug of the peer's that a declaration excuses, and checks
-that the excuse starts where the peer goes wrong, not before.
+The last two pin behaviours of the peers' that declarations excuse, and
+check that each excuse starts where the peer goes another way, not before.
 """
 
 import pytest
@@ -72,3 +72,28 @@ def test_keras_unbuilt_traced_scaling_is_excused_where_it_goes_wrong():
       '-1.899999976158142]]']
   assert not generated.divergences(program, ours, peer,
                                    declarations.DOCUMENTED)
+
+
+def test_tf_keras_fixed_scale_folded_in_a_function_is_excused_there_only():
+  """Pins what Grappler makes of tf_keras's class, excused by a declaration.
+
+  With a fixed scale, a gradient that overflows once scaled is inf eagerly
+  and under XLA on both sides; in a `tf.function` tf_keras's class applies
+  it finite (the scale and its reciprocal folded), ours still inf.
+  """
+  steps = {}
+  for shape in ('eager', 'jit', 'function'):
+    program = Program(family='tf24', inner='momentum', shape=shape,
+                      built_before=False, dynamic=False,
+                      gradients=(('overflow', 0.5),))
+    ours = generated.run(program, 'ours', None)
+    peer = generated.run(program, 'peer', None)
+    steps[shape] = (ours[0]['weights'][0][0], peer[0]['weights'][0][0],
+                    bool(generated.divergences(program, ours, peer, ())),
+                    generated.divergences(program, ours, peer,
+                                          declarations.DOCUMENTED))
+  inf = float('inf')
+  assert steps['eager'] == steps['jit'] == (-inf, -inf, False, [])
+  ours, peer, diverged, left = steps['function']
+  assert (ours, diverged, left) == (-inf, True, [])
+  assert -inf < peer < -1e30
