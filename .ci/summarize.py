@@ -17,15 +17,17 @@ import sys
 _RUNS = {
     'readme': ('readme', 'the README\'s test command (the fast tier)'),
     'readme-slow': ('readme', 'the rest of the README\'s full suite (-m slow)'),
-    'tf212': ('tf212', 'the fast tier; legacy programs and compat_keras '
-              'left to tf215'),
-    'tf215': ('tf215', 'the fast tier'),
+    'tf212': ('tf212', 'the fast tier\'s in-process files'),
+    'tf215': ('tf215', 'the fast tier\'s files of fresh processes'),
     'tf216': ('tf216', 'the fast tier; tf_keras children left to readme'),
     'tf221-legacy': ('readme', 'the README\'s .venv, TF_USE_LEGACY_KERAS=1; '
                      'the fast tier of the files that reach tf.keras in '
-                     'their own process'),
-    'originals': ('readme', "tests/test_surface.py, tests/test_traces.py "
-                  "against the originals' members and traces"),
+                     'the test process'),
+    'generated-programs': ('readme', 'programs drawn from the seed printed '
+                           'above, against their peers'),
+    'originals': ('readme', "the originals' files (test_surface, "
+                  "test_traces, test_launcher_programs, test_tf1_control_flow) "
+                  "against the originals' records"),
 }
 _RESULT = re.compile(r'^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s')
 _SKIPPED = re.compile(r'^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$')
@@ -66,7 +68,7 @@ def _counts(result):
 
 def main(logs):
   print('\n=== Summary: the suite per TensorFlow version')
-  print(f'{"run":<14}{"tensorflow":<12}{"keras":<9}{"tf_keras":<10}result')
+  print(f'{"run":<20}{"tensorflow":<12}{"keras":<9}{"tf_keras":<10}result')
   totals, missing, skip_lines = collections.Counter(), [], []
   for run, (venv, note) in _RUNS.items():
     path = os.path.join(logs, f'suite-{run}.log')
@@ -77,11 +79,11 @@ def main(logs):
     if result is None:
       missing.append(run)
     totals.update(_counts(result))
-    print(f'{run:<14}{versions.get("tensorflow", "?"):<12}'
+    print(f'{run:<20}{versions.get("tensorflow", "?"):<12}'
           f'{versions.get("keras", "-"):<9}{versions.get("tf-keras", "-"):<10}'
           f'{result or "NO PYTEST RESULT"} ({note})')
     for reason, count in skips.most_common():
-      skip_lines.append(f'  {run:<14}{count:>4}  {reason}')
+      skip_lines.append(f'  {run:<20}{count:>4}  {reason}')
   if skip_lines:
     print('Skipped, by reason:')
     print('\n'.join(skip_lines))
