@@ -104,15 +104,21 @@ def _keras_traced_its_initial_scale(program: Program, peer: Trace
                                     ) -> Optional[int]:
   # Keras's unbuilt class multiplies by `initial_scale` in the trace of the
   # gradients, which outlives the build: wrong once the scale has moved.
-  if program.family != 'keras3' or program.shape != 'split_traced_gradients':
+  if (program.family != 'keras3' or program.shape != 'split_traced_gradients'
+      or program.built_before):
     return None
-  starts = []
-  if not program.built_before:
-    starts += [i + 1 for i, observation in enumerate(peer)
-               if observation['scale'] != program.scale0][:1]
-  if program.restore_after is not None and not program.restore_built:
-    starts.append(program.restore_after)
-  return min(starts, default=None)
+  for i, observation in enumerate(peer):
+    if observation['scale'] != program.scale0:
+      return i + 1
+  return None
+
+
+def _keras_restored_unbuilt(program: Program, _: Trace) -> Optional[int]:
+  # The restored scale reaches Keras's variable only when it is built.
+  if (program.family != 'keras3' or program.restore_after is None or
+      program.restore_built):
+    return None
+  return program.restore_after
 
 
 DOCUMENTED = (
@@ -160,4 +166,12 @@ DOCUMENTED = (
                  '`tf.function` by its initial scale for as long as the trace '
                  'lives (its scale variable does not exist yet), so the steps '
                  'after the first overflow go wrong.'),
+    Excuse(
+        name='keras_restored_unbuilt_scales_by_its_initial_scale',
+        applies=_keras_restored_unbuilt, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence='Restored into while unbuilt, it scales the losses before '
+                 'its build by its initial scale too (the restored scale '
+                 'reaches its variable at the build) and unscales them by '
+                 'the restored one.'),
 )

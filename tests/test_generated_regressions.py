@@ -3,7 +3,7 @@
 Each is a program Hypothesis drew and shrank (`test_generated_programs.py`),
 or one written on its axes, that exposed a defect of this library, since
 fixed; each test runs it with only the documented differences excused.
-The last two pin behaviours of the peers' that declarations excuse, and
+The last three pin behaviours of the peers' that declarations excuse, and
 check that each excuse starts where the peer goes another way, not before.
 """
 
@@ -24,6 +24,7 @@ import test_generated_programs
 # pylint: enable=g-import-not-at-top,wrong-import-order
 
 _FINITE = (('finite', 1.0),)
+INF = float('inf')
 
 
 @pytest.mark.parametrize('program', [
@@ -92,8 +93,27 @@ def test_tf_keras_fixed_scale_folded_in_a_function_is_excused_there_only():
                     bool(generated.divergences(program, ours, peer, ())),
                     generated.divergences(program, ours, peer,
                                           declarations.DOCUMENTED))
-  inf = float('inf')
-  assert steps['eager'] == steps['jit'] == (-inf, -inf, False, [])
+  assert steps['eager'] == steps['jit'] == (-INF, -INF, False, [])
   ours, peer, diverged, left = steps['function']
-  assert (ours, diverged, left) == (-inf, True, [])
-  assert -inf < peer < -1e30
+  assert (ours, diverged, left) == (-INF, True, [])
+  assert -INF < peer < -1e30
+
+
+def test_keras_restored_unbuilt_scaling_is_excused_after_the_restore():
+  """Pins a bug of Keras 3's class, excused by a declaration.
+
+  Restored into while unbuilt, Keras's class scales the next loss by its
+  initial scale (2**15), and unscales by the restored one (2**14).
+  """
+  program = Program(family='keras3', built_before=False, restore_after=1,
+                    restore_built=False,
+                    gradients=(('overflow', 0.5), ('finite', 0.5)))
+  ours = generated.run(program, 'ours', None)
+  peer = generated.run(program, 'peer', None)
+  assert [o['scaled_loss'] for o in ours] == [[INF], [], [2.0 ** 14 * 1.5]]
+  assert [o['scaled_loss'] for o in peer] == [[INF], [], [2.0 ** 15 * 1.5]]
+  assert [d.split(':')[0] for d in generated.divergences(
+      program, ours, peer, ())] == ['observation 2, scaled_loss',
+                                    'observation 2, weights']
+  assert not generated.divergences(program, ours, peer,
+                                   declarations.DOCUMENTED)
