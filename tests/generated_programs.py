@@ -370,9 +370,8 @@ class _KerasLoop:
     return tf.train.Checkpoint(optimizer=self.opt, w=self.w)
 
 
-def _run_keras_loop(program: Program, side: str, strategy: Any
-                    ) -> List[Dict[str, Any]]:
-  trace = []
+def _run_keras_loop(program: Program, side: str, strategy: Any,
+                    trace: List[Dict[str, Any]]) -> None:
   loop = _KerasLoop(program, side, strategy)
   if program.built_before:
     loop.build()
@@ -387,10 +386,10 @@ def _run_keras_loop(program: Program, side: str, strategy: Any
           loop.build()
         loop.checkpoint().read(path)
         trace.append(dict(loop.observe(), restored=True))
-  return trace
 
 
-def _run_keras_fit(program: Program, side: str) -> List[Dict[str, Any]]:
+def _run_keras_fit(program: Program, side: str,
+                   trace: List[Dict[str, Any]]) -> None:
   """`compile` and `fit` of one Dense layer, `steps_per_execution` a call."""
   keras.utils.set_random_seed(1)
   keras.mixed_precision.set_global_policy(program.dtype)
@@ -406,13 +405,12 @@ def _run_keras_fit(program: Program, side: str) -> List[Dict[str, Any]]:
     xs = np.stack([_factors(program, kind, magnitude, 0).astype('float32')
                    for kind, magnitude in program.gradients])
     ys = np.zeros((len(xs), 1), 'float32')
-    trace, per_call = [], program.steps_per_execution
+    per_call = program.steps_per_execution
     for start in range(0, len(xs), per_call):
       model.fit(xs[start:start + per_call], ys[start:start + per_call],
                 batch_size=1, epochs=1, shuffle=False, verbose=0)
       trace.append(_keras_observation(program.family, opt,
                                        model.trainable_variables))
-    return trace
   finally:
     keras.mixed_precision.set_global_policy('float32')
 
@@ -489,8 +487,8 @@ class _V1Graph:
                           for name, value in sorted(values.items())}}
 
 
-def _run_v1(program: Program, side: str) -> List[Dict[str, Any]]:
-  trace = []
+def _run_v1(program: Program, side: str,
+            trace: List[Dict[str, Any]]) -> None:
   graph = _V1Graph(program, side)
   with tempfile.TemporaryDirectory() as tmp:
     for i, (kind, magnitude) in enumerate(program.gradients):
@@ -504,7 +502,6 @@ def _run_v1(program: Program, side: str) -> List[Dict[str, Any]]:
         graph.saver.restore(graph.session, path)
         trace.append(dict(graph.observe(), restored=True))
     graph.session.close()
-  return trace
 
 
 # -------------------------------------------------------------- running ---
@@ -529,18 +526,19 @@ def run(program: Program, side: str, strategy: Any = None
     One observation per step (and one after a restore); the last is
     `{'error': (type name, arguments its message names)}` if a step raised.
   """
-  trace = []
+  trace = []  # The steps' observations, appended as they run.
   try:
     if program.family == 'tf1':
-      trace = _run_v1(program, side)
+      _run_v1(program, side, trace)
     elif program.shape == 'fit':
-      trace = _run_keras_fit(program, side)
+      _run_keras_fit(program, side, trace)
     else:
-      trace = _run_keras_loop(program, side, strategy)
+      _run_keras_loop(program, side, strategy, trace)
   except Exception as e:  # pylint: disable=broad-except
-    # What a program observes of an error: its type and what it names.
+    # What a program observes of an error: its type and what it names,
+    # after the observations of the steps before it.
     named = tuple(a for a in _ARGUMENTS if re.search(rf'\b{a}\b', str(e)))
-    trace = trace + [{'error': (type(e).__name__, named)}]
+    trace.append({'error': (type(e).__name__, named)})
   # (No keras.backend.clear_session(): its garbage collection costs more
   # than the program, and no observation reads Keras's name counters.)
   return trace
