@@ -108,7 +108,8 @@ def _keras_traced_its_initial_scale(program: Program, peer: Trace
       or program.built_before):
     return None
   for i, observation in enumerate(peer):
-    if observation['scale'] != program.scale0:
+    # (The last observation is an error's, with no scale, if a step raised.)
+    if observation.get('scale', program.scale0) != program.scale0:
       return i + 1
   return None
 
