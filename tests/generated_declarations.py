@@ -56,8 +56,12 @@ def _keras(program: Program) -> bool:
   return program.family in ('keras3', 'tf24')
 
 
+def _tf_keras_peer(program: Program) -> bool:
+  return program.family in ('tf24', 'tf23')
+
+
 def _first_replica_only(program: Program, _: Trace) -> Optional[int]:
-  if (program.family != 'keras3' or program.shape != 'mirrored' or
+  if (program.family != 'keras3' or program.replicas != 2 or
       program.replica != 1):
     return None
   return _first_step(program, ('overflow', 'inf', 'nan'))
@@ -74,7 +78,7 @@ def _peer_scale_below_one(program: Program, peer: Trace) -> Optional[int]:
 
 def _grappler_reassociates(program: Program, _: Trace) -> Optional[int]:
   # A finite float16 gradient of 2 overflows too, once scaled by 2**15.
-  if (program.family != 'tf24' or program.shape == 'eager' or
+  if (not _tf_keras_peer(program) or program.shape == 'eager' or
       program.dtype != 'float16'):
     return None
   return 0
@@ -83,7 +87,7 @@ def _grappler_reassociates(program: Program, _: Trace) -> Optional[int]:
 def _grappler_folds_a_fixed_scale(program: Program, _: Trace
                                   ) -> Optional[int]:
   # A fixed scale and its reciprocal are constants of tf_keras's graph.
-  if (program.family != 'tf24' or program.dynamic or
+  if (not _tf_keras_peer(program) or program.dynamic or
       program.shape in ('eager', 'jit')):
     return None
   return _first_step(program, ('overflow',))
@@ -91,7 +95,8 @@ def _grappler_folds_a_fixed_scale(program: Program, _: Trace
 
 def _keras_builds_in_a_replica_function(program: Program, _: Trace
                                         ) -> Optional[int]:
-  if program.family != 'keras3' or program.shape != 'mirrored':
+  if program.family != 'keras3' or program.shape not in (
+      'mirrored', 'mirrored_two_runs'):
     return None
   if not program.built_before:
     return 0
@@ -120,6 +125,19 @@ def _keras_restored_unbuilt(program: Program, _: Trace) -> Optional[int]:
       program.restore_built):
     return None
   return program.restore_after
+
+
+def _fit_uncounted_skip(program: Program, peer: Trace) -> Optional[int]:
+  # Keras 3's `fit` counts only applied steps, of this class too; tf_keras's
+  # counts skipped ones (Adam's bias correction and a schedule read it).
+  if program.family != 'tf24' or program.shape not in ('fit', 'fit_mirrored'):
+    return None
+  scale = program.scale0
+  for i, observation in enumerate(peer):
+    if observation.get('scale', scale) < scale:  # A step was skipped.
+      return i
+    scale = observation.get('scale', scale)
+  return None
 
 
 DOCUMENTED = (
@@ -175,4 +193,12 @@ DOCUMENTED = (
                  'its build by its initial scale too (the restored scale '
                  'reaches its variable at the build) and unscales them by '
                  'the restored one.'),
+    Excuse(
+        name='keras3_fit_counts_applied_steps',
+        applies=_fit_uncounted_skip, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence="So `fit`, which follows Keras 3's protocol, counts only "
+                 'applied steps: TF 2.4-2.15 code that fits with this class '
+                 'counted its skipped steps on TF 2.15 and does not on Keras '
+                 '3,'),
 )
