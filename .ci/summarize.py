@@ -22,9 +22,9 @@ _RUNS = {
     'tf216': ('tf216', 'the fast tier; tf_keras children left to readme'),
     'tf221-legacy': ('readme', 'the README\'s .venv, TF_USE_LEGACY_KERAS=1; '
                      'the fast tier of the files that reach tf.keras in '
-                     'the test process'),
-    'generated-programs': ('readme', 'programs drawn from the seed printed '
-                           'above, against their peers'),
+                     'the test process, 50 generated programs'),
+    'generated-programs': ('readme', "programs drawn from the commit's seed "
+                           '(printed above), against their peers'),
     'originals': ('readme', "the originals' files (test_surface, "
                   "test_traces, test_launcher_programs, test_tf1_control_flow) "
                   "against the originals' records"),

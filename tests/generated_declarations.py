@@ -140,6 +140,16 @@ def _fit_uncounted_skip(program: Program, peer: Trace) -> Optional[int]:
   return None
 
 
+def _tf_keras_file_drops_the_scale(program: Program, _: Trace
+                                   ) -> Optional[int]:
+  # tf_keras's class keeps no loss scale in a `.keras` file.
+  if (program.family != 'tf24' or program.file_kind != 'keras' or
+      program.restore_after is None):
+    return None
+  # The restore's observation (`fit` observes once a call).
+  return -(-program.restore_after // program.steps_per_execution)
+
+
 DOCUMENTED = (
     Excuse(
         name='keras_checks_the_first_replica',
@@ -201,4 +211,11 @@ DOCUMENTED = (
                  'applied steps: TF 2.4-2.15 code that fits with this class '
                  'counted its skipped steps on TF 2.15 and does not on Keras '
                  '3,'),
+    Excuse(
+        name='tf_keras_keeps_no_scale_in_a_keras_file',
+        applies=_tf_keras_file_drops_the_scale, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence='`.keras` files hold its scale and counter, where '
+                 "tf_keras's class keeps neither in its own: loaded, it "
+                 'starts again from its initial scale.'),
 )

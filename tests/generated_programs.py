@@ -73,8 +73,9 @@ LOOP_SHAPES = ('eager', 'function', 'split_traced_gradients',
 # MirroredStrategy.
 FIT_SHAPES = ('fit', 'train_step', 'fit_mirrored')
 # The files a program saves to and restores from: a `tf.train.Checkpoint`
-# (a `Saver` in a TF1 graph), or, under `fit`, the model's `.keras` file.
-FILE_KINDS = ('checkpoint', 'keras')
+# (a `Saver` in a TF1 graph), or, under `fit`, the model's `.keras` file,
+# or its `.h5` file (tf_keras's models: tf23).
+FILE_KINDS = ('checkpoint', 'keras', 'h5')
 _MIRRORED = ('mirrored', 'mirrored_two_runs', 'fit_mirrored')
 _INITIAL_W = (1.0, -2.0)
 
@@ -230,7 +231,9 @@ def programs(draw) -> Program:
       replica=(draw(st.sampled_from([-1, 0, 1])) if shape in _MIRRORED
                else -1),
       restore_after=draw(st.one_of(st.none(), st.integers(1, len(steps)))),
-      file_kind=draw(st.sampled_from(FILE_KINDS)) if fit else 'checkpoint',
+      file_kind=(draw(st.sampled_from(
+          FILE_KINDS if family == 'tf23' else FILE_KINDS[:2]))
+                 if fit else 'checkpoint'),
       restore_built=draw(st.booleans()) if buildable else tf1,
       control_flow_v2=draw(st.booleans()) if v2_behaviour else False,
       v2_behaviour=v2_behaviour)
@@ -540,13 +543,13 @@ class _KerasFit:
       if not program.policy_before_scope:
         self.keras.mixed_precision.set_global_policy(program.dtype)
       namespace = self.keras
-      kernel = namespace.initializers.Constant(np.array(_INITIAL_W)[:, None])
       inputs = namespace.Input((2,))
-      outputs = namespace.layers.Dense(
-          1, use_bias=False, kernel_initializer=kernel)(inputs)
+      dense = namespace.layers.Dense(1, use_bias=False)
       cls = (_train_step_model(namespace, program.family)
              if program.shape == 'train_step' else namespace.Model)
-      self.model = cls(inputs, outputs)
+      self.model = cls(inputs, dense(inputs))
+      # (Assigned: a `.h5` file cannot hold an initializer of an array.)
+      dense.kernel.assign(np.array(_INITIAL_W)[:, None])
       self.opt = _keras_optimizer(program, side)
 
   def build(self) -> None:
@@ -576,15 +579,15 @@ class _KerasFit:
                               self.model.trainable_variables)
 
   def save(self, directory: str) -> str:
-    if self.program.file_kind == 'keras':
-      path = os.path.join(directory, 'model.keras')
+    if self.program.file_kind != 'checkpoint':
+      path = os.path.join(directory, 'model.' + self.program.file_kind)
       self.model.save(path)
       return path
     return tf.train.Checkpoint(model=self.model, optimizer=self.opt).write(
         os.path.join(directory, 'ckpt'))
 
   def restore(self, path: str) -> None:
-    if self.program.file_kind == 'keras':
+    if self.program.file_kind != 'checkpoint':
       custom = ({'TrainStepModel': type(self.model)}
                 if self.program.shape == 'train_step' else None)
       with self.strategy.scope():

@@ -8,7 +8,7 @@ with the program as a script, shrunk by Hypothesis to the smallest program
 that still diverges.
 
 The fast tier draws `TF_LOSS_SCALE_GENERATED_PROGRAMS` programs (20) from the
-fixed seed below; CI draws a few hundred from a new seed each run
+fixed seed below; CI draws a few hundred from the tested commit's seed
 (`TF_LOSS_SCALE_GENERATED_SEED`, which it prints). Hypothesis's database of
 failing examples is not kept (`database=None`): a run is reproduced from its
 seed. With `TF_LOSS_SCALE_GENERATED_REPORT` set to a path, each program whose
@@ -48,7 +48,8 @@ def check(program, strategy, excuses=declarations.DOCUMENTED):
   peer = generated.run(program, 'peer', strategy)
   left = generated.divergences(program, ours, peer, excuses)
   assert not left, (
-      'ours and the peer diverge:\n  ' + '\n  '.join(left) +
+      f'ours and the peer diverge (TF_LOSS_SCALE_GENERATED_SEED={SEED}):\n  '
+      + '\n  '.join(left) +
       '\nThe program, as a script:\n' + generated.script(program))
   if _REPORT and generated.divergences(program, ours, peer):
     with open(_REPORT, 'a') as report:

@@ -117,3 +117,38 @@ def test_keras_restored_unbuilt_scaling_is_excused_after_the_restore():
                                     'observation 2, weights']
   assert not generated.divergences(program, ours, peer,
                                    declarations.DOCUMENTED)
+
+
+def test_tf_keras_keras_file_scale_is_excused_after_the_load():
+  """Pins what tf_keras's class keeps in a `.keras` file: no loss scale.
+
+  After an overflow halved the scale to 2**14, the model's `.keras` file
+  loads our TF 2.4-2.15 form at 2**14 and tf_keras's class at 2**15.
+  """
+  program = Program(family='tf24', inner='adam', shape='train_step',
+                    file_kind='keras', restore_after=1,
+                    gradients=(('overflow', 1.0), ('finite', 1.0)))
+  ours = generated.run(program, 'ours', None)
+  peer = generated.run(program, 'peer', None)
+  assert [o['scale'] for o in ours] == [2.0 ** 14] * 2 + [2.0 ** 14]
+  assert [o['scale'] for o in peer] == [2.0 ** 14, 2.0 ** 15, 2.0 ** 15]
+  assert generated.divergences(program, ours, peer, ())[0].startswith(
+      'observation 1, scale: ours 16384.0, peer 32768.0')
+  assert not generated.divergences(program, ours, peer,
+                                   declarations.DOCUMENTED)
+
+
+@pytest.mark.parametrize('v2_behaviour', [True, False])
+def test_a_tf1_program_restores_its_saver_file_and_trains_on(v2_behaviour):
+  """The TF1 programs' restore runs: each side restores and steps again."""
+  program = Program(family='tf1', shape='session', inner='adam',
+                    v2_behaviour=v2_behaviour,
+                    control_flow_v2=v2_behaviour, restore_after=1,
+                    gradients=(('overflow', 1.0), ('finite', 1.0)))
+  for side in ('ours', 'peer'):
+    trace = generated.run(program, side, None)
+    assert [sorted(o) for o in trace] == [
+        ['variables'], ['restored', 'variables'], ['variables']], (side, trace)
+    scales = [o['variables']['current_loss_scale'] for o in trace]
+    steps = [o['variables']['global_step'] for o in trace]
+    assert (scales, steps) == ([2.0 ** 14] * 3, [0, 0, 1]), side
