@@ -150,6 +150,14 @@ def _tf_keras_file_drops_the_scale(program: Program, _: Trace
   return -(-program.restore_after // program.steps_per_execution)
 
 
+def _keras2_model_file(program: Program, _: Trace) -> Optional[int]:
+  # tf_keras's class around a non-legacy optimizer loads no state of `.h5`.
+  if (program.family != 'tf23' or program.file_kind != 'h5' or
+      program.keras2_legacy or program.restore_after is None):
+    return None
+  return -(-program.restore_after // program.steps_per_execution)
+
+
 DOCUMENTED = (
     Excuse(
         name='keras_checks_the_first_replica',
@@ -218,4 +226,14 @@ DOCUMENTED = (
         sentence='`.keras` files hold its scale and counter, where '
                  "tf_keras's class keeps neither in its own: loaded, it "
                  'starts again from its initial scale.'),
+    Excuse(
+        name='keras2_model_files_keep_the_inner_optimizer',
+        applies=_keras2_model_file, fields=('*',),
+        anchor='tf-20-23-keras',
+        sentence="Around tf_keras's optimizers, a model's `.h5` and `.keras` "
+                 "files keep what tf_keras keeps of the bare inner "
+                 'optimizer, so the loss scale loads afresh, as from TF '
+                 "2.3's `.h5` files; tf_keras's own class around its "
+                 'non-legacy optimizers loads none of its state from an '
+                 '`.h5` file (it warns and starts afresh).'),
 )
