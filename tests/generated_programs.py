@@ -74,8 +74,8 @@ LOOP_SHAPES = ('eager', 'function', 'split_traced_gradients',
 FIT_SHAPES = ('fit', 'train_step', 'fit_mirrored')
 # The files a program saves to and restores from: a `tf.train.Checkpoint`
 # (a `Saver` in a TF1 graph), or, under `fit`, the model's `.keras` file,
-# or its `.h5` file (tf_keras's models: tf23).
-FILE_KINDS = ('checkpoint', 'keras', 'h5')
+# or its `.h5` file or SavedModel (tf_keras's models: tf23).
+FILE_KINDS = ('checkpoint', 'keras', 'h5', 'savedmodel')
 _MIRRORED = ('mirrored', 'mirrored_two_runs', 'fit_mirrored')
 _INITIAL_W = (1.0, -2.0)
 
@@ -579,8 +579,13 @@ class _KerasFit:
                               self.model.trainable_variables)
 
   def save(self, directory: str) -> str:
-    if self.program.file_kind != 'checkpoint':
-      path = os.path.join(directory, 'model.' + self.program.file_kind)
+    kind = self.program.file_kind
+    if kind == 'savedmodel':
+      path = os.path.join(directory, 'model')
+      self.model.save(path, save_format='tf')
+      return path
+    if kind != 'checkpoint':
+      path = os.path.join(directory, 'model.' + kind)
       self.model.save(path)
       return path
     return tf.train.Checkpoint(model=self.model, optimizer=self.opt).write(
