@@ -142,8 +142,10 @@ def _fit_uncounted_skip(program: Program, peer: Trace) -> Optional[int]:
 
 def _tf_keras_file_drops_the_scale(program: Program, _: Trace
                                    ) -> Optional[int]:
-  # tf_keras's class keeps no loss scale in a `.keras` file.
-  if (program.family != 'tf24' or program.file_kind != 'keras' or
+  # tf_keras's class keeps no loss scale in a `.keras` file; ours on Keras 3
+  # (TF 2.4-2.15's form, TF 2.3's that `compile` wrapped) keeps it.
+  on_keras3 = program.family == 'tf24' or program.policy_loss_scale
+  if (not on_keras3 or program.file_kind != 'keras' or
       program.restore_after is None):
     return None
   # The restore's observation (`fit` observes once a call).
@@ -154,6 +156,16 @@ def _keras2_model_file(program: Program, _: Trace) -> Optional[int]:
   # tf_keras's class around a non-legacy optimizer loads no state of `.h5`.
   if (program.family != 'tf23' or program.file_kind != 'h5' or
       program.keras2_legacy or program.restore_after is None):
+    return None
+  return -(-program.restore_after // program.steps_per_execution)
+
+
+def _keras_loads_the_installed_fixed_scale(program: Program, _: Trace
+                                           ) -> Optional[int]:
+  # The file names Keras's class, which refuses a fixed scale.
+  if (program.family != 'tf24' or program.ours != 'installed' or
+      program.install or program.dynamic or program.file_kind != 'keras' or
+      program.restore_after is None):
     return None
   return -(-program.restore_after // program.steps_per_execution)
 
@@ -236,4 +248,10 @@ DOCUMENTED = (
                  "2.3's `.h5` files; tf_keras's own class around its "
                  'non-legacy optimizers loads none of its state from an '
                  '`.h5` file (it warns and starts afresh).'),
+    Excuse(
+        name='keras_refuses_a_fixed_scale_file_without_install',
+        applies=_keras_loads_the_installed_fixed_scale, fields=('*',),
+        anchor='where-this-library-deliberately-differs',
+        sentence="with a fixed scale, only under `install()`: Keras's class "
+                 'refuses its `dynamic: False` with a ValueError.'),
 )

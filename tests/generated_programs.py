@@ -107,6 +107,11 @@ class Program:
     steps_per_execution: `fit`'s, and how many steps each `fit` call runs.
     policy_before_scope: 'fit_mirrored': whether the policy is set before
       the strategy's scope is entered (else inside it).
+    policy_loss_scale: tf23 under `fit`: the loss scale is TF 2.3's
+      `Policy('mixed_float16', loss_scale=...)`'s, set with `set_policy`
+      (under `install()`), and `compile` wraps the optimizer: on our side a
+      Keras 3 model and optimizer (`tf.keras`, as the program finds it);
+      the peer, tf_keras's model and optimizer in tf_keras's class.
     built_before: Whether the optimizer is built before the first step
       (otherwise its first step, or trace, builds it).
     dynamic: A dynamic loss scale (otherwise fixed at `initial_scale`).
@@ -135,6 +140,7 @@ class Program:
   shape: str = 'eager'
   steps_per_execution: int = 1
   policy_before_scope: bool = False
+  policy_loss_scale: bool = False
   built_before: bool = True
   dynamic: bool = True
   initial_scale: Optional[float] = None
@@ -182,14 +188,21 @@ def programs(draw) -> Program:
   fit = shape in FIT_SHAPES
   if fit and dtype == 'float16':
     dtype = 'mixed_float16'
+  policy_loss_scale = family == 'tf23' and fit and draw(st.booleans())
+  if policy_loss_scale:  # Keras 3's optimizers, as tf_keras's non-legacy.
+    dtype, keras2_legacy = 'mixed_float16', False
+    inner = 'sgd' if inner == 'decay' else inner
   # Keras's class has no fixed scale; tf_keras's and TensorFlow's do.
   dynamic = True if family == 'keras3' else draw(st.booleans())
   initial = draw(st.one_of(st.none(),
                            st.sampled_from([1.0, 2.0 ** 4, 2.0 ** 10,
                                             2.0 ** 20])))
   growth = draw(st.one_of(st.none(), st.integers(1, 3))) if dynamic else None
-  inner_keeps_zero_momentum = (family == 'tf24' and not dynamic and
+  inner_keeps_zero_momentum = ((family == 'tf24' or policy_loss_scale) and
+                               not dynamic and
                                inner in ('sgd', 'schedule', 'clipnorm'))
+  if inner_keeps_zero_momentum and policy_loss_scale:
+    inner, inner_keeps_zero_momentum = 'momentum', False  # float16 overflows
   # A fixed scale applies non-finite steps, on both sides; tf_keras's SGD
   # then multiplies its zero momentum by the inf it kept (NaN) where Keras
   # 3's SGD keeps none: the inner optimizers differ, so no such program
@@ -200,7 +213,8 @@ def programs(draw) -> Program:
   steps = draw(st.lists(
       st.tuples(st.sampled_from(kinds), st.sampled_from([0.5, 1.0, 2.0])),
       min_size=1, max_size=4))
-  ours = draw(st.sampled_from(['form', 'installed']))
+  ours = 'installed' if policy_loss_scale else draw(
+      st.sampled_from(['form', 'installed']))
   # TF 2.0-2.3's and TF1's names are ours only after `install()`.
   install = (ours == 'installed' and family in ('tf23', 'tf1')) or draw(
       st.booleans())
@@ -223,6 +237,7 @@ def programs(draw) -> Program:
                            if fit and shape != 'fit_mirrored' else 1),
       policy_before_scope=(draw(st.booleans()) if shape == 'fit_mirrored'
                            and dtype != 'float32' else False),
+      policy_loss_scale=policy_loss_scale,
       built_before=draw(st.booleans()) if buildable else tf1,
       dynamic=dynamic,
       initial_scale=initial,
@@ -232,7 +247,8 @@ def programs(draw) -> Program:
                else -1),
       restore_after=draw(st.one_of(st.none(), st.integers(1, len(steps)))),
       file_kind=(draw(st.sampled_from(
-          FILE_KINDS if family == 'tf23' else FILE_KINDS[:2]))
+          FILE_KINDS if family == 'tf23' and not policy_loss_scale
+          else FILE_KINDS[:2]))
                  if fit else 'checkpoint'),
       restore_built=draw(st.booleans()) if buildable else tf1,
       control_flow_v2=draw(st.booleans()) if v2_behaviour else False,
@@ -263,8 +279,9 @@ def _loss(program: Program, w: Any, x: Any) -> tf.Tensor:
 
 def _tf_keras_side(program: Program, side: str) -> bool:
   """Whether `side` of `program` runs on tf_keras (its model and optimizer)."""
-  return program.family == 'tf23' or (program.family == 'tf24' and
-                                      side == 'peer')
+  if side == 'peer':
+    return program.family in ('tf24', 'tf23')
+  return program.family == 'tf23' and not program.policy_loss_scale
 
 
 def _keras_inner(program: Program, side: str) -> Any:
@@ -322,6 +339,8 @@ def _keras_optimizer(program: Program, side: str) -> Any:
   import tf_loss_scale.keras as tls_keras
   from tf_loss_scale.keras.mixed_precision import shared_name
   inner = _keras_inner(program, side)
+  if side == 'ours' and program.policy_loss_scale:
+    return inner  # `compile` wraps it.
   if side == 'peer':
     peer = _KERAS_PEER if program.family == 'keras3' else _TF_KERAS_PEER
     return peer(inner, **_scale_arguments(program))
@@ -366,9 +385,12 @@ def _keras_observation(family: str, opt: Any, weights: List[Any]
   """What a Keras program reads of its optimizer and weights."""
   if family != 'keras3':  # TF 2.4-2.15's members, on both sides.
     scale = opt.loss_scale
+    if not hasattr(opt, 'dynamic'):  # TF 2.0-2.3's, on Keras 3: its scale's.
+      counter = getattr(scale, 'good_steps', 0)
+    else:
+      counter = opt.dynamic_counter if opt.dynamic else 0
     if callable(scale):  # TF 2.0-2.3's: a `LossScale`, called for its value.
       scale = scale()
-    counter = opt.dynamic_counter if opt.dynamic else 0
   elif opt.built:  # Keras's: made by `build`.
     scale, counter = opt.dynamic_scale, opt.step_counter
   else:  # What an unbuilt Keras optimizer scales by; no counter to read.
@@ -531,6 +553,17 @@ def _train_step_model(namespace: Any, family: str) -> type:
   return TrainStepModel
 
 
+def _set_policy(program: Program, side: str) -> None:
+  """The global dtype policy of `program`'s Keras, with its loss scale."""
+  if side == 'ours' and program.policy_loss_scale:
+    experimental = tf.keras.mixed_precision.experimental  # install()'s
+    experimental.set_policy(experimental.Policy(
+        'mixed_float16', loss_scale=_tf23_loss_scale(program)))
+  else:
+    namespace = tf_keras if _tf_keras_side(program, side) else keras
+    namespace.mixed_precision.set_global_policy(program.dtype)
+
+
 class _KerasFit:
   """A compiled model of one Dense layer and its optimizer, for `fit`."""
 
@@ -541,7 +574,7 @@ class _KerasFit:
                      else tf.distribute.get_strategy())
     with self.strategy.scope():
       if not program.policy_before_scope:
-        self.keras.mixed_precision.set_global_policy(program.dtype)
+        _set_policy(program, side)
       namespace = self.keras
       inputs = namespace.Input((2,))
       dense = namespace.layers.Dense(1, use_bias=False)
@@ -562,6 +595,7 @@ class _KerasFit:
       self.model.compile(
           self.opt, 'mse',
           steps_per_execution=self.program.steps_per_execution)
+    self.opt = self.model.optimizer  # (What `compile` wrapped it in.)
 
   def fit(self, steps: List[Tuple[str, float]]) -> None:
     """Runs `steps` in one `fit` call, a batch (one row a replica) each."""
@@ -619,7 +653,7 @@ def _run_keras(program: Program, side: str, strategy: Any,
 
   keras_namespace = tf_keras if _tf_keras_side(program, side) else keras
   if program.policy_before_scope:
-    keras_namespace.mixed_precision.set_global_policy(program.dtype)
+    _set_policy(program, side)
   try:
     run = start(program.built_before)
     done = 0

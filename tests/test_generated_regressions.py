@@ -7,6 +7,8 @@ The last three pin behaviours of the peers' that declarations excuse, and
 check that each excuse starts where the peer goes another way, not before.
 """
 
+import dataclasses
+
 import pytest
 
 import versions
@@ -152,3 +154,23 @@ def test_a_tf1_program_restores_its_saver_file_and_trains_on(v2_behaviour):
     scales = [o['variables']['current_loss_scale'] for o in trace]
     steps = [o['variables']['global_step'] for o in trace]
     assert (scales, steps) == ([2.0 ** 14] * 3, [0, 0, 1]), side
+
+
+def test_keras_file_of_the_installed_fixed_scale_loads_under_install_only():
+  """Keras's class refuses the file without `install()`, loudly; with it, not.
+
+  The class `install()` names writes Keras's name in a `.keras` file, and a
+  fixed scale's `dynamic: False`, which Keras's class refuses.
+  """
+  program = Program(family='tf24', ours='installed', shape='fit',
+                    built_before=False, dynamic=False, file_kind='keras',
+                    restore_after=1, restore_built=False,
+                    gradients=(('finite', 0.5), ('finite', 0.5)))
+  without = generated.run(program, 'ours', None)
+  assert without[1] == {'error': ('ValueError', ('dynamic',
+                                                  'inner_optimizer'))}
+  assert not generated.divergences(program, without,
+                                   generated.run(program, 'peer', None),
+                                   declarations.DOCUMENTED)
+  program = dataclasses.replace(program, install=True)
+  test_generated_programs.check(program, None, ())
