@@ -47,6 +47,18 @@ INF = float('inf')
     pytest.param(Program(family='tf24', ours='installed', restore_after=1,
                          restore_built=False, gradients=(('inf', 1.0),)),
                  id='restore_into_unbuilt'),
+    # TF 2.3's policy loss scale, made before the strategy's scope: refused.
+    pytest.param(Program(family='tf23', ours='installed', install=True,
+                         keras2_legacy=False, dtype='mixed_float16',
+                         shape='fit_mirrored', policy_before_scope=True,
+                         policy_loss_scale=True, built_before=False,
+                         gradients=(('finite', 0.5),), restore_built=False),
+                 id='policy_set_before_the_scope'),
+    # With v2 behaviour off too: Adam's variables named as TensorFlow's.
+    pytest.param(Program(family='tf1', shape='session', inner='adam',
+                         control_flow_v2=False, v2_behaviour=False,
+                         gradients=(('finite', 0.5),)),
+                 id='v2_behaviour_off_adam_names'),
 ])
 def test_a_shrunk_program_trains_as_its_peer(program, mirrored_strategy):
   test_generated_programs.check(program, mirrored_strategy,
