@@ -127,16 +127,20 @@ def _keras_restored_unbuilt(program: Program, _: Trace) -> Optional[int]:
   return program.restore_after
 
 
-def _fit_uncounted_skip(program: Program, peer: Trace) -> Optional[int]:
+def _fit_uncounted_skip(program: Program, _: Trace) -> Optional[int]:
   # Keras 3's `fit` counts only applied steps, of this class too; tf_keras's
   # counts skipped ones (Adam's bias correction and a schedule read it).
   if program.family != 'tf24' or program.shape not in ('fit', 'fit_mirrored'):
     return None
-  scale = program.scale0
-  for i, observation in enumerate(peer):
-    if observation.get('scale', scale) < scale:  # A step was skipped.
-      return i
-    scale = observation.get('scale', scale)
+  if program.dtype != 'float32':
+    return 0  # A finite float16 gradient may overflow too, once scaled.
+  for step, (kind, _) in enumerate(program.gradients):
+    if kind != 'finite':  # The first step that may be skipped (`fit`
+      # observes once a call, restored or not).
+      calls = step // program.steps_per_execution
+      restored = (program.restore_after is not None and
+                  step >= program.restore_after)
+      return calls + (1 if restored else 0)
   return None
 
 
