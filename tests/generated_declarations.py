@@ -127,6 +127,11 @@ def _keras_restored_unbuilt(program: Program, _: Trace) -> Optional[int]:
   return program.restore_after
 
 
+def _restore_observation(program: Program) -> int:
+  """The index of the restore's observation (`fit` observes once a call)."""
+  return -(-program.restore_after // program.steps_per_execution)
+
+
 def _fit_uncounted_skip(program: Program, _: Trace) -> Optional[int]:
   # Keras 3's `fit` counts only applied steps, of this class too; tf_keras's
   # counts skipped ones (Adam's bias correction and a schedule read it).
@@ -152,8 +157,7 @@ def _tf_keras_file_drops_the_scale(program: Program, _: Trace
   if (not on_keras3 or program.file_kind != 'keras' or
       program.restore_after is None):
     return None
-  # The restore's observation (`fit` observes once a call).
-  return -(-program.restore_after // program.steps_per_execution)
+  return _restore_observation(program)
 
 
 def _keras2_model_file(program: Program, _: Trace) -> Optional[int]:
@@ -161,7 +165,7 @@ def _keras2_model_file(program: Program, _: Trace) -> Optional[int]:
   if (program.family != 'tf23' or program.file_kind != 'h5' or
       program.keras2_legacy or program.restore_after is None):
     return None
-  return -(-program.restore_after // program.steps_per_execution)
+  return _restore_observation(program)
 
 
 def _keras_loads_the_installed_fixed_scale(program: Program, _: Trace
@@ -171,7 +175,7 @@ def _keras_loads_the_installed_fixed_scale(program: Program, _: Trace
       program.install or program.dynamic or program.file_kind != 'keras' or
       program.restore_after is None):
     return None
-  return -(-program.restore_after // program.steps_per_execution)
+  return _restore_observation(program)
 
 
 DOCUMENTED = (

@@ -82,8 +82,8 @@ _INITIAL_W = (1.0, -2.0)
 # The peers' classes, found before any `install()` (which changes names).
 _KERAS_PEER = keras.optimizers.LossScaleOptimizer
 _TF_KERAS_PEER = tf_keras.mixed_precision.LossScaleOptimizer
-_V1_PEER = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
-_V1_PEER_DYNAMIC = tf.compat.v1.mixed_precision.DynamicLossScale
+_V1_PEERS = {name: getattr(tf.compat.v1.mixed_precision, name) for name in (
+    'MixedPrecisionLossScaleOptimizer', 'DynamicLossScale')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -697,18 +697,23 @@ def _v1_inner(program: Program, global_step: tf.Variable) -> Any:
   }[program.inner]()
 
 
-def _v1_loss_scale(program: Program, side: str) -> Any:
+def _v1_class(program: Program, side: str, name: str) -> type:
+  """`name` of `side`: TensorFlow's, or ours (by TensorFlow's name after
+  `install(override=True)`, or by our module's)."""
   import tf_loss_scale  # pylint: disable=g-import-not-at-top
+  if side == 'peer':
+    return _V1_PEERS[name]
+  if program.ours == 'installed':
+    return getattr(tf.compat.v1.mixed_precision, name)
+  return getattr(tf_loss_scale, name)
+
+
+def _v1_loss_scale(program: Program, side: str) -> Any:
   if not program.dynamic:
     return program.scale0
   if program.initial_scale is None and program.growth_steps is None:
     return 'dynamic'
-  if side == 'peer':
-    cls = _V1_PEER_DYNAMIC
-  elif program.ours == 'installed':  # TensorFlow's name, after install().
-    cls = tf.compat.v1.mixed_precision.DynamicLossScale
-  else:
-    cls = tf_loss_scale.DynamicLossScale
+  cls = _v1_class(program, side, 'DynamicLossScale')
   args = {}
   if program.initial_scale is not None:
     args['initial_loss_scale'] = program.initial_scale
@@ -758,7 +763,6 @@ class _V1Graph:
   """A TF1 graph of `program`: variables, the train op, a session."""
 
   def __init__(self, program: Program, side: str):
-    import tf_loss_scale  # pylint: disable=g-import-not-at-top
     self.graph = tf.Graph()
     with _graph_behaviour(program), self.graph.as_default():
       compute = 'float32' if program.dtype == 'float32' else 'float16'
@@ -767,12 +771,7 @@ class _V1Graph:
                                      name='w')
       self.global_step = tf.compat.v1.train.get_or_create_global_step()
       inner = _v1_inner(program, self.global_step)
-      if side == 'peer':
-        wrapper = _V1_PEER
-      elif program.ours == 'installed':  # TensorFlow's name, after install().
-        wrapper = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
-      else:
-        wrapper = tf_loss_scale.MixedPrecisionLossScaleOptimizer
+      wrapper = _v1_class(program, side, 'MixedPrecisionLossScaleOptimizer')
       opt = wrapper(inner, _v1_loss_scale(program, side))
       self.train_op = opt.minimize(_loss(program, self.w, self.x),
                                    global_step=self.global_step)
