@@ -114,9 +114,7 @@ _FULL_TIER_ONLY = (
     'tests/test_keras_experimental_tf_keras.py::test_wrapping_under_mixed_'
     'bfloat16_warns_once[keras2-',
     'tests/test_keras_mixed_precision.py::test_tf_keras_checkpoints_restore_'
-    'whole_into_this_class[momentum]',
-    'tests/test_keras_mixed_precision.py::test_tf_keras_checkpoints_restore_'
-    'whole_into_this_class[sgd]',
+    'whole_into_this_class',
     'tests/test_keras_releases.py::test_smoke_checks_of_the_installed_keras_'
     'release',
     'tests/test_optimizer_v1.py::test_training_inside_a_while_loop_matches_'
@@ -173,6 +171,32 @@ _FULL_TIER_ONLY = (
     'identical_with_install[default]',
     'tests/test_compat_keras.py::test_install_patches_compile_on_the_class_'
     'defining_it_and_uninstall_restores[default]',
+    'tests/test_experimental_namespace.py::test_graph_rewrite_session_trains_'
+    'and_skips_as_tensorflow[legacy_keras]',
+    'tests/test_experimental_namespace.py::test_uninstall_restores_compile_'
+    'and_the_rewrite_names[legacy_keras]',
+    # Two replicas: one trajectory of each kind keeps them in the fast tier.
+    *(f'tests/test_loss_scale_spec.py::test_dynamic_trajectory[mirrored-{name}-'
+      for name in ('grows', 'shrinks', 'nan-clears-the-good-steps',
+                   'period-one', 'alternating-period', 'multiplier-three')),
+    *(f'tests/test_loss_scale_options.py::test_pinned_trajectory[mirrored-'
+      f'{name}-' for name in ('floor-below-one', 'hysteresis-two', 'cap')),
+    'tests/test_skip_report.py::test_report_is_the_union_over_replicas'
+    '[keras_mixed_precision]',
+    'tests/test_skip_report.py::test_report_is_the_union_over_replicas'
+    '[experimental_',
+    'tests/test_keras_mixed_precision_checkpoints.py::test_tf_keras_'
+    'checkpoint_restores_whole_into_ours[tf24_class-sgd_momentum-',
+    'tests/test_keras_mixed_precision_checkpoints.py::test_tf_keras_'
+    'checkpoint_restores_whole_into_ours[under_keras_name-sgd_momentum-',
+    'tests/test_keras_mixed_precision_checkpoints.py::test_a_bare_optimizers_'
+    'checkpoint_restores_into_the_wrapper[tf_keras-sgd_momentum-',
+    'tests/test_keras_mixed_precision_checkpoints.py::test_a_bare_optimizers_'
+    'checkpoint_restores_into_the_wrapper[ours-sgd_momentum-',
+    'tests/test_keras_experimental_tf_keras.py::test_matches_keras2_loss_'
+    'scale_optimizer_on_two_replicas[sgd_momentum]',
+    'tests/test_keras_experimental_tf_keras.py::test_matches_keras2_loss_'
+    'scale_optimizer_on_two_replicas[legacy_sgd_momentum]',
 )
 
 
